@@ -1,0 +1,1 @@
+"""The fedsync Flower ClientApp (``clients.app:app``)."""

@@ -1,0 +1,93 @@
+"""The fedsync ClientApp: a train task in, local training, a (compressed) update out.
+
+The same code serves Flower's simulation engine and a deployed SuperNode: the node's
+partition (``partition-id``, ``num-partitions``) and its torch device (``device``) come
+from the node config, everything else from the run config.
+
+Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
+
+* **dense** -- Flower's convention, the model as an ``ArrayRecord`` of float32 arrays; the
+  reply is the locally trained model, dense. This is the FedAvg baseline.
+* **compressed** -- the model (or a delta against what this node last received) as one
+  encoded frame; the reply is the encoded, error-fed-back update. See
+  :mod:`clients.compressed`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.compressed import train_compressed
+from clients.runtime import ClientRuntime
+from fedsync import protocol
+from fedsync.models.training import evaluate as evaluate_model
+from fedsync.models.training import train as train_model
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train on the local partition and reply with the new model or its update."""
+    runtime = ClientRuntime.from_context(context)
+    if protocol.DOWNLINK in msg.content:
+        return train_compressed(msg, context, runtime)
+    return _train_dense(msg, runtime)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the received dense model on the local validation split."""
+    runtime = ClientRuntime.from_context(context)
+    model = runtime.fresh_model()
+    model.load_state_dict(msg.content[protocol.ARRAYS].to_torch_state_dict(), strict=False)
+    _, validation = runtime.data()
+    result = evaluate_model(
+        model, validation, batch_size=runtime.settings.batch_size, device=runtime.device
+    )
+    metrics = MetricRecord(
+        {
+            protocol.EVAL_LOSS: float(result["loss"]),
+            protocol.EVAL_ACCURACY: float(result["accuracy"]),
+            protocol.NUM_EXAMPLES: int(result["num_examples"]),
+        }
+    )
+    return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
+
+
+def _train_dense(msg: Message, runtime: ClientRuntime) -> Message:
+    config = msg.content.get(protocol.CONFIG, {})
+    settings = runtime.settings
+    model = runtime.fresh_model()
+    model.load_state_dict(msg.content[protocol.ARRAYS].to_torch_state_dict(), strict=False)
+    train_set, _ = runtime.data()
+
+    started = time.perf_counter()
+    result = train_model(
+        model,
+        train_set,
+        epochs=int(config.get(protocol.LOCAL_EPOCHS, settings.local_epochs)),
+        batch_size=int(config.get(protocol.BATCH_SIZE, settings.batch_size)),
+        lr=float(config.get(protocol.LEARNING_RATE, settings.learning_rate)),
+        momentum=float(config.get(protocol.MOMENTUM, settings.momentum)),
+        device=runtime.device,
+        seed=runtime.task_seed(config),
+    )
+    compute_seconds = time.perf_counter() - started
+
+    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    arrays = ArrayRecord(state)
+    metrics = MetricRecord(
+        {
+            protocol.NUM_EXAMPLES: int(result["num_examples"]),
+            protocol.TRAIN_LOSS: float(result["train_loss"]),
+            protocol.NUM_STEPS: int(result["steps"]),
+            protocol.COMPUTE_SECONDS: compute_seconds,
+        }
+    )
+    return Message(
+        content=RecordDict({protocol.ARRAYS: arrays, protocol.METRICS: metrics}), reply_to=msg
+    )

@@ -1,0 +1,72 @@
+"""What one ClientApp invocation knows about its node: settings, device, data, model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context
+
+from fedsync.data import ArrayDataset
+from fedsync.settings import SettingsError, TrainingSettings, node_partition, resolve_device
+from fedsync.task import client_data, model_for
+
+
+@dataclass(frozen=True)
+class ClientRuntime:
+    """The node's view of a run, read once per message from Flower's ``Context``.
+
+    Parameters
+    ----------
+    settings : TrainingSettings
+        The run config, typed.
+    device : torch.device
+        Node config ``device`` wins over the run config's (a GPU box says ``cuda:0``).
+    partition_id, num_partitions : int
+        Which share of the dataset this node holds.
+    node_config : mapping
+        The raw node config (state folders and other node-local settings).
+    """
+
+    settings: TrainingSettings
+    device: torch.device
+    partition_id: int
+    num_partitions: int
+    node_config: Mapping[str, Any]
+
+    @classmethod
+    def from_context(cls, context: Context) -> ClientRuntime:
+        """Read settings, device and partition from a Flower context."""
+        settings = TrainingSettings.from_run_config(context.run_config)
+        node_config = dict(context.node_config)
+        device = resolve_device(str(node_config.get("device", settings.device)))
+        partition_id, num_partitions = node_partition(node_config)
+        _limit_threads(node_config)
+        return cls(settings, device, partition_id, num_partitions, node_config)
+
+    def data(self) -> tuple[ArrayDataset, ArrayDataset]:
+        """This node's (train, validation) data; cached per process by the loader."""
+        return client_data(self.settings, self.partition_id, self.num_partitions)
+
+    def fresh_model(self) -> torch.nn.Module:
+        """A new model of the run's architecture (weights are loaded from the task)."""
+        return model_for(self.settings)
+
+    def task_seed(self, config: Mapping[str, Any]) -> int:
+        """A seed for this task's shuffling: distinct per node and per task."""
+        base = int(config.get("task-seed", self.settings.seed))
+        round_ = int(config.get("server-round", 0))
+        return (base * 1_000_003 + self.partition_id * 7919 + round_) % (2**31)
+
+
+def _limit_threads(node_config: Mapping[str, Any]) -> None:
+    # Flower's simulation runs one ClientApp per Ray CPU; torch's default of one thread
+    # per core would oversubscribe them. A deployed node can raise it (num-threads=8).
+    try:
+        threads = int(node_config.get("num-threads", 1))
+    except (TypeError, ValueError) as err:
+        raise SettingsError(f"node config 'num-threads' must be an int: {err}") from err
+    if threads >= 1 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

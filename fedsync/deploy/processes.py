@@ -1,0 +1,110 @@
+"""Start and stop Flower's processes by process id, never by name.
+
+Each process is started in its own session (process group), so stopping it also stops
+what it spawned (a SuperNode's ``flwr-clientapp`` children, a SuperLink's
+``flwr-serverapp``). Stopping is SIGTERM to the group, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float, process: ManagedProcess) -> None:
+    """Block until ``host:port`` accepts TCP connections.
+
+    Raises
+    ------
+    RuntimeError
+        When the process exits first (its log is named) or ``timeout`` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"{process.name} exited with code {process.poll()} before listening on "
+                f"{host}:{port}; see {process.log_path}"
+            )
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{process.name} did not listen on {host}:{port} within {timeout:.0f}s")
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, with its output in a log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The process id (also its process group id)."""
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        """The exit code, or ``None`` while it runs."""
+        return self.popen.poll()
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the process group, wait ``grace`` seconds, then SIGKILL it."""
+        if self.popen.poll() is None:
+            _signal_group(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace)
+        # Children may outlive a leader that exited on SIGTERM: kill the group anyway.
+        _signal_group(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a crash, as a test wants it)."""
+        _signal_group(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def start_process(
+    name: str,
+    command: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str],
+    cwd: Path | None = None,
+) -> ManagedProcess:
+    """Start ``command`` in a new session with stdout and stderr in ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        popen = subprocess.Popen(
+            list(command),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return ManagedProcess(name=name, popen=popen, log_path=log_path)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

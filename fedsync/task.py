@@ -1,0 +1,62 @@
+"""The learning task both apps share: which data, which model, how to train and test.
+
+The ClientApp and the ServerApp each build the same model from the same settings; this
+module is where that recipe lives, so the two sides cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from fedsync.data import ArrayDataset, DatasetSplits, load_dataset, load_partition
+from fedsync.models import build_model, default_model_for
+from fedsync.settings import TrainingSettings
+from fedsync.updates import TensorSpec
+
+
+def dataset_for(settings: TrainingSettings) -> DatasetSplits:
+    """Load (once per process) the dataset the run config names."""
+    return load_dataset(settings.dataset, settings.data_dir_or_none, seed=settings.seed)
+
+
+def model_for(settings: TrainingSettings) -> torch.nn.Module:
+    """Build the run's model with a seeded initialisation (same on every process)."""
+    splits = dataset_for(settings)
+    name = default_model_for(settings.dataset) if settings.model == "auto" else settings.model
+    torch.manual_seed(settings.seed)
+    return build_model(name, splits.num_classes, splits.input_shape)
+
+
+def client_data(
+    settings: TrainingSettings, partition_id: int, num_partitions: int
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """This client's (train, validation) split of its partition."""
+    return load_partition(
+        settings.dataset,
+        partition_id,
+        num_partitions,
+        settings.partitioning,
+        alpha=settings.dirichlet_alpha,
+        shards_per_client=settings.shards_per_client,
+        seed=settings.seed,
+        data_dir=settings.data_dir_or_none,
+    )
+
+
+def model_state(model: torch.nn.Module) -> OrderedDict[str, torch.Tensor]:
+    """The model's floating-point state (parameters and float buffers), detached, on CPU."""
+    return OrderedDict(
+        (name, tensor.detach().to("cpu", copy=True))
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point()
+    )
+
+
+def tensor_specs(state: dict[str, torch.Tensor]) -> dict[str, TensorSpec]:
+    """Name, shape and dtype of each tensor, as the wire format's decoder checks them."""
+    return {
+        name: TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+        for name, tensor in state.items()
+    }

@@ -1,0 +1,1 @@
+"""The fedsync Flower ServerApp (``server.app:app``)."""

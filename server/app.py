@@ -1,0 +1,54 @@
+"""The fedsync ServerApp: picks the strategy the run config names and records the run.
+
+Every strategy writes the same results folder (``<results-dir>/<run>/``): an event log
+(``events.jsonl``), a ``summary.json`` and PNG plots; the central test-set evaluation is
+shared too, so numbers from different strategies compare like for like.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+
+from flwr.app import Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fedsync.reports import RunRecorder
+from fedsync.settings import SettingsError, TrainingSettings
+from server.evaluation import CentralEvaluator
+from server.registry import STRATEGIES
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the strategy named by the ``strategy`` run config key."""
+    settings = TrainingSettings.from_run_config(context.run_config)
+    runner = STRATEGIES.get(settings.strategy)
+    if runner is None:
+        raise SettingsError(
+            f"unknown strategy {settings.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}"
+        )
+    recorder = RunRecorder(settings.results_path(), settings.run_name)
+    log(INFO, "[fedsync] strategy %s, results in %s", settings.strategy, recorder.folder)
+    recorder.events.write(
+        "run_start", strategy=settings.strategy, run_config=dict(context.run_config)
+    )
+    evaluator = CentralEvaluator(settings)
+    started = time.monotonic()
+    try:
+        summary = runner(grid, context, settings, recorder, evaluator)
+        summary["wall_seconds"] = round(time.monotonic() - started, 3)
+        recorder.write_summary(summary)
+        recorder.events.write("run_end", wall_seconds=summary["wall_seconds"])
+        log(INFO, "[fedsync] summary: %s", _headline(summary))
+        log(INFO, "[fedsync] results: %s", recorder.folder)
+    finally:
+        recorder.close()
+
+
+def _headline(summary: dict[str, object]) -> str:
+    keys = ("strategy", "final_accuracy", "best_accuracy", "total_bytes_up", "total_bytes_down")
+    return ", ".join(f"{key}={summary[key]}" for key in keys if key in summary)
