@@ -1,0 +1,422 @@
+"""Choosing, sizing, encoding and decoding the positions of one tensor.
+
+An explicit index set travels in one of four codings (see :mod:`kernels.index_coding`
+for the bit layouts). No single one is best across densities, so the encoder computes
+the exact size of each candidate and keeps the smallest:
+
+=========== ==================================================== ====================
+coding      section bytes                                        parameter byte
+=========== ==================================================== ====================
+dense       0 (only when every position is kept)                 0
+bitmap      ceil(numel / 8)                                      0
+elias_fano  ceil(n*L / 8) + ceil((n + ((numel - 1) >> L)) / 8)   L, low bits each
+rice        ceil((n*(k + 1) + sum(g_i >> k)) / 8)                k, Rice parameter
+=========== ==================================================== ====================
+
+Elias-Fano's ``L`` is the exact minimiser of its closed-form size. Rice's ``k``
+starts from the density (``log2(ln 2 * mean gap)``, the optimum for geometric gaps)
+and is refined to the exact minimiser: the size is convex in ``k`` (the saving from
+``k`` to ``k + 1``, ``sum(ceil((g >> k) / 2))``, shrinks as ``k`` grows), so walking
+downhill from the estimate ends at the global minimum in a few passes.
+
+The size of a coding, as :func:`index_bits_for` reports it, is every bit the tensor's
+positions add to a frame: the coding id and parameter bytes, the varint section
+length and the section, ``8 * (2 + varint_len(nbytes) + nbytes)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedsync.wire.buffer import varint_len
+from fedsync.wire.errors import (
+    CountMismatch,
+    IndexOutOfRange,
+    MalformedField,
+    PayloadError,
+    TruncatedPayload,
+    UnorderedIndices,
+)
+from fedsync.wire.registry import INDEX_CODINGS
+from kernels import bitpack
+from kernels import index_coding as kern
+
+__all__ = [
+    "INDEX_ENTRY_FIXED_BYTES",
+    "IndexPlan",
+    "as_index_array",
+    "choose_index_coding",
+    "decode_indices",
+    "ef_nbytes",
+    "encode_indices",
+    "index_bits_for",
+    "index_candidates",
+    "max_param",
+    "rice_nbytes_bounds",
+]
+
+INDEX_ENTRY_FIXED_BYTES = 2
+"""Table bytes every explicit index set pays whatever its coding: coding id, parameter."""
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """One way to code an index set, with its exact size.
+
+    Parameters
+    ----------
+    coding : str
+        One of :data:`~fedsync.wire.registry.INDEX_CODINGS`.
+    param : int
+        Rice ``k`` or Elias-Fano ``L``; 0 for the codings without a parameter.
+    nbytes : int
+        Bytes of the index section.
+    """
+
+    coding: str
+    param: int
+    nbytes: int
+
+    @property
+    def frame_bits(self) -> int:
+        """Bits these positions add to a frame (table fields plus section)."""
+        return 8 * (INDEX_ENTRY_FIXED_BYTES + varint_len(self.nbytes) + self.nbytes)
+
+
+def as_index_array(indices: np.ndarray, numel: int, *, label: str = "") -> np.ndarray:
+    """Return ``indices`` as a contiguous int64 array after checking that it is a
+    strictly increasing set of positions in ``[0, numel)``.
+
+    Raises
+    ------
+    ValueError
+        Naming the first position that breaks the contract.
+    """
+    arr = np.asarray(indices)
+    prefix = f"{label}: " if label else ""
+    if arr.ndim != 1:
+        raise ValueError(f"{prefix}indices must be one-dimensional, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{prefix}indices must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 1 << 63:
+        raise ValueError(f"{prefix}index {int(arr.max())} does not fit int64")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    bad = int(kern.first_bad_index(arr, numel))
+    if bad >= 0:
+        value = int(arr[bad])
+        if not 0 <= value < numel:
+            raise ValueError(f"{prefix}index #{bad} = {value} is outside [0, {numel})")
+        raise ValueError(
+            f"{prefix}indices must be strictly increasing: #{bad} = {value} follows "
+            f"{int(arr[bad - 1])}"
+        )
+    return arr
+
+
+def max_param(numel: int) -> int:
+    """Largest Rice ``k`` or Elias-Fano ``L`` worth using for ``numel`` positions.
+
+    Beyond ``bit_length(numel - 1)`` every gap or high part is already zero, so a
+    larger parameter only adds bits; decoders reject it.
+    """
+    return max(numel - 1, 0).bit_length()
+
+
+def ef_nbytes(count: int, numel: int, low_bits: int) -> int:
+    """Bytes of an Elias-Fano section: low parts, then the high bit array."""
+    if count == 0:
+        return 0
+    high_bits = count + ((numel - 1) >> low_bits)
+    return bitpack.packed_nbytes(count, low_bits) + (high_bits + 7) // 8
+
+
+def rice_nbytes_bounds(count: int, numel: int, k: int) -> tuple[int, int]:
+    """Smallest and largest possible Rice section for ``count`` positions.
+
+    Every position costs ``k + 1`` bits plus its quotient; the quotients sum to at
+    most ``(numel - count) >> k`` because the gaps sum to at most ``numel - count``.
+    """
+    if count == 0:
+        return 0, 0
+    least = count * (k + 1)
+    most = least + (max(numel - count, 0) >> k)
+    return (least + 7) // 8, (most + 7) // 8
+
+
+def _best_elias_fano(count: int, numel: int) -> IndexPlan:
+    best = IndexPlan("elias_fano", 0, ef_nbytes(count, numel, 0))
+    for low_bits in range(1, max_param(numel) + 1):
+        nbytes = ef_nbytes(count, numel, low_bits)
+        if nbytes < best.nbytes:
+            best = IndexPlan("elias_fano", low_bits, nbytes)
+    return best
+
+
+def _rice_bits(indices: np.ndarray, k: int) -> int:
+    return indices.shape[0] * (k + 1) + int(kern.rice_shift_sum(indices, k))
+
+
+def _best_rice(indices: np.ndarray, numel: int) -> IndexPlan:
+    count = indices.shape[0]
+    if count == 0:
+        return IndexPlan("rice", 0, 0)
+    top = max_param(numel)
+    # Mean gap from the density; the geometric optimum is near log2(ln 2 * mean gap).
+    mean_gap = (int(indices[-1]) + 1 - count) / count
+    k = min(top, max(0, round(math.log2(mean_gap * math.log(2))))) if mean_gap > 0 else 0
+    cost = _rice_bits(indices, k)
+    # The size is convex in k: walk downhill from the estimate to the minimum.
+    step = 1
+    if k < top and (up := _rice_bits(indices, k + 1)) < cost:
+        k, cost = k + 1, up
+    else:
+        step = -1
+    while 0 <= k + step <= top:
+        nxt = _rice_bits(indices, k + step)
+        if nxt >= cost:
+            break
+        k, cost = k + step, nxt
+    return IndexPlan("rice", k, (cost + 7) // 8)
+
+
+def index_candidates(indices: np.ndarray, numel: int) -> list[IndexPlan]:
+    """Every coding that can carry ``indices``, each with its best parameter and
+    exact size, in tie-break order (``indices`` already checked by
+    :func:`as_index_array`)."""
+    count = indices.shape[0]
+    plans = []
+    if count == numel:
+        plans.append(IndexPlan("dense", 0, 0))
+    plans.append(IndexPlan("bitmap", 0, (numel + 7) // 8))
+    plans.append(_best_elias_fano(count, numel))
+    plans.append(_best_rice(indices, numel))
+    return plans
+
+
+def choose_index_coding(indices: np.ndarray, numel: int, *, coding: str | None = None) -> IndexPlan:
+    """The smallest coding of ``indices`` (ties to the earlier of
+    :data:`~fedsync.wire.registry.INDEX_CODINGS`), or the named one.
+
+    Raises
+    ------
+    ValueError
+        If ``coding`` names an unknown coding or one that cannot carry the set
+        (``dense`` needs every position).
+    """
+    plans = index_candidates(indices, numel)
+    if coding is None:
+        return min(plans, key=lambda plan: plan.frame_bits)  # min keeps the first tie
+    if coding not in INDEX_CODINGS:
+        raise ValueError(f"unknown index coding {coding!r}; expected one of {INDEX_CODINGS}")
+    for plan in plans:
+        if plan.coding == coding:
+            return plan
+    raise ValueError(
+        f"index coding {coding!r} cannot carry {indices.shape[0]} of {numel} positions "
+        "(dense needs all of them)"
+    )
+
+
+def index_bits_for(indices: np.ndarray, numel: int) -> dict[str, int]:
+    """Exact bits each applicable coding would add to a frame for these positions.
+
+    Parameters
+    ----------
+    indices : numpy.ndarray
+        Sorted unique flat positions.
+    numel : int
+        Number of elements of the dense tensor.
+
+    Returns
+    -------
+    dict of str to int
+        Coding name (``"dense"`` only when every position is kept, ``"bitmap"``,
+        ``"elias_fano"``, ``"rice"``) to the bits it adds to the frame: coding id
+        and parameter bytes, the section-length varint and the section. The frame
+        encoder picks the smallest.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> bits = index_bits_for(np.arange(0, 1000, 10), 1000)
+    >>> min(bits, key=bits.get)
+    'rice'
+    """
+    arr = as_index_array(indices, numel)
+    return {plan.coding: plan.frame_bits for plan in index_candidates(arr, numel)}
+
+
+def encode_indices(indices: np.ndarray, numel: int, plan: IndexPlan) -> bytes:
+    """The index section for ``indices`` under ``plan`` (exactly ``plan.nbytes``)."""
+    if plan.coding == "dense":
+        return b""
+    if plan.coding == "bitmap":
+        out = np.zeros(plan.nbytes, dtype=np.uint8)
+        kern.bitmap_encode(indices, out)
+        return out.tobytes()
+    if plan.coding == "elias_fano":
+        if indices.shape[0] == 0:
+            return b""
+        low_bits = plan.param
+        low = b""
+        if low_bits:
+            mask = np.int64((1 << low_bits) - 1)
+            low = bitpack.pack_bits((indices & mask).view(np.uint64), low_bits).tobytes()
+        high = np.zeros(plan.nbytes - len(low), dtype=np.uint8)
+        kern.ef_encode_high(indices, low_bits, high)
+        return low + high.tobytes()
+    if plan.coding == "rice":
+        out = np.zeros(plan.nbytes, dtype=np.uint8)
+        kern.rice_encode(indices, plan.param, out)
+        return out.tobytes()
+    raise ValueError(f"unknown index coding {plan.coding!r}")
+
+
+def _padded(section: np.ndarray) -> np.ndarray:
+    """Copy ``section`` with the zero tail the 64-bit reading window needs."""
+    out = np.zeros(section.shape[0] + kern.READ_PAD_BYTES, dtype=np.uint8)
+    out[: section.shape[0]] = section
+    return out
+
+
+@dataclass(frozen=True)
+class _Section:
+    """Which index section a kernel status refers to, for the error message."""
+
+    coding: str
+    count: int
+    numel: int
+    tensor: str
+
+
+def _raise_for_status(status: int, position: int, detail: int, where: _Section) -> None:
+    coding, count, numel, tensor = where.coding, where.count, where.numel, where.tensor
+    field = f"index section ({coding})"
+    if status == kern.STATUS_TRUNCATED:
+        raise TruncatedPayload(
+            f"stream ends after {position} of {count} positions",
+            field=field,
+            tensor=tensor,
+            expected=f"{count} positions",
+            got=position,
+        )
+    if status == kern.STATUS_OUT_OF_RANGE:
+        raise IndexOutOfRange(
+            f"position #{position} decodes to at least {detail}, outside [0, {numel})",
+            field=field,
+            tensor=tensor,
+            expected=f"< {numel}",
+            got=detail,
+        )
+    if status == kern.STATUS_UNORDERED:
+        raise UnorderedIndices(
+            f"position #{position} = {detail} does not exceed the one before it "
+            "(positions must be strictly increasing)",
+            field=field,
+            tensor=tensor,
+        )
+    if status == kern.STATUS_EXTRA_BITS:
+        raise CountMismatch(
+            f"set bit at stream position {detail} beyond the {count} declared positions",
+            field=field,
+            tensor=tensor,
+            expected=f"{count} positions",
+            got="more",
+        )
+    raise PayloadError(f"index decoder status {status}", field=field, tensor=tensor)
+
+
+def decode_indices(
+    section: np.ndarray, coding: str, param: int, count: int, numel: int, *, tensor: str
+) -> np.ndarray:
+    """Decode and validate one index section.
+
+    The caller has already checked the table: ``coding`` fits the mode, ``param`` is
+    at most :func:`max_param` of ``numel``, ``count <= numel <= 2**56 - 1``, and
+    ``section`` has exactly the length the table declares, within the bounds of
+    :func:`ef_nbytes` / :func:`rice_nbytes_bounds`. Those checks are what make
+    the kernels' unchecked reads and writes stay in range.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``count`` strictly increasing int64 positions in ``[0, numel)``.
+
+    Raises
+    ------
+    PayloadError
+        A subclass naming the fault (truncated stream, position out of range,
+        unordered or surplus positions, nonzero padding).
+    """
+    if coding == "dense":
+        return np.arange(count, dtype=np.int64)
+    out = np.empty(count, dtype=np.int64)
+    where = _Section(coding, count, numel, tensor)
+    if coding == "bitmap":
+        status, position, detail = kern.bitmap_decode(section, out)
+        if status == kern.STATUS_EXTRA_BITS and detail >= numel:
+            raise IndexOutOfRange(
+                f"bitmap padding bit {detail} is set",
+                field="index section (bitmap)",
+                tensor=tensor,
+                expected=f"< {numel}",
+                got=detail,
+            )
+        if status != kern.STATUS_OK:
+            _raise_for_status(status, position, detail, where)
+        if count and int(out[-1]) >= numel:
+            raise IndexOutOfRange(
+                f"bitmap padding bit {int(out[-1])} is set",
+                field="index section (bitmap)",
+                tensor=tensor,
+                expected=f"< {numel}",
+                got=int(out[-1]),
+            )
+        return out
+    if coding == "elias_fano":
+        if count == 0:
+            return out
+        low_bits = param
+        low_nbytes = bitpack.packed_nbytes(count, low_bits)
+        if low_bits:
+            lows = bitpack.unpack_bits(section[:low_nbytes], count, low_bits, np.uint64)
+            _check_padding(section[:low_nbytes], count * low_bits, "elias_fano low bits", tensor)
+        else:
+            lows = np.zeros(count, dtype=np.uint64)
+        nbits_high = count + ((numel - 1) >> low_bits)
+        status, position, detail = kern.ef_decode(
+            section[low_nbytes:], nbits_high, lows, low_bits, numel, out
+        )
+        if status != kern.STATUS_OK:
+            _raise_for_status(status, position, detail, where)
+        return out
+    if coding == "rice":
+        if count == 0:
+            return out
+        nbits = 8 * section.shape[0]
+        status, position, used = kern.rice_decode(_padded(section), nbits, param, numel, out)
+        if status != kern.STATUS_OK:
+            _raise_for_status(status, position, used, where)
+        # Canonical form: no whole spare byte and no set bit after the last code.
+        if (used + 7) // 8 != section.shape[0]:
+            raise MalformedField(
+                "Rice stream is shorter than its declared section",
+                field="index section (rice)",
+                tensor=tensor,
+                expected=f"{(used + 7) // 8} bytes",
+                got=f"{section.shape[0]} bytes",
+            )
+        _check_padding(section, used, "index section (rice)", tensor)
+        return out
+    raise MalformedField(f"unknown index coding {coding!r}", field="index coding", tensor=tensor)
+
+
+def _check_padding(section: np.ndarray, used_bits: int, field: str, tensor: str) -> None:
+    """Reject set bits after the last ``used_bits`` of a byte-padded stream."""
+    if used_bits % 8 and int(section[used_bits // 8]) >> (used_bits % 8):
+        raise MalformedField(
+            "padding bits after the last value are not zero", field=field, tensor=tensor
+        )

@@ -1,0 +1,318 @@
+"""Frame round trips, the byte layout, exact sizes and the encoder's input checks."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import get_args
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
+from fedsync.wire import (
+    DEFAULT_LIMITS,
+    FORMAT_VERSION,
+    MAGIC,
+    decode_frame,
+    encode_frame,
+    index_bits_for,
+    inspect_frame,
+)
+from fedsync.wire.registry import DTYPE_CODES, INDEX_CODINGS, SCHEME_CODES
+
+# --------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------
+
+SPECIAL_SHAPES = [(), (0,), (0, 5), (5, 0, 3), (1,), (1, 4000), (3000, 1), (1, 1, 1, 1, 7)]
+
+
+@st.composite
+def shapes(draw: st.DrawFn) -> tuple[int, ...]:
+    if draw(st.booleans()):
+        return draw(st.sampled_from(SPECIAL_SHAPES))
+    return tuple(draw(st.lists(st.integers(0, 12), min_size=0, max_size=4)))
+
+
+@st.composite
+def compressed_tensors(draw: st.DrawFn, name: str) -> CompressedTensor:
+    shape = draw(shapes())
+    spec = TensorSpec(name, shape, draw(st.sampled_from(sorted(DTYPE_CODES))))
+    numel = spec.numel
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    mode = draw(st.sampled_from(get_args(IndexMode)))
+    density = draw(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)))
+    count = numel if mode == "dense" else round(density * numel)
+    indices = None
+    if mode == "explicit":
+        indices = np.sort(rng.choice(numel, count, replace=False)).astype(np.int64)
+    bits = draw(st.integers(1, 32))
+    codes = rng.integers(0, 1 << bits, count, dtype=np.uint64)
+    # Any unsigned or signed dtype wide enough for the codes is accepted on the way in.
+    wide_enough = [
+        d
+        for d in (np.uint8, np.uint16, np.uint32, np.uint64, np.int64)
+        if np.iinfo(d).bits - (np.iinfo(d).min < 0) >= bits
+    ]
+    codes = codes.astype(draw(st.sampled_from(wide_enough)))
+    params = {
+        draw(st.text(max_size=6)): rng.standard_normal(draw(st.integers(0, 5))).astype(np.float32)
+        for _ in range(draw(st.integers(0, 3)))
+    }
+    values = QuantizedValues(draw(st.sampled_from(sorted(SCHEME_CODES))), bits, codes, params)
+    return CompressedTensor(spec, mode, indices, values)
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> tuple[str, list[CompressedTensor]]:
+    names = draw(st.lists(st.text(max_size=12), min_size=0, max_size=4, unique=True))
+    return draw(st.text(max_size=40)), [draw(compressed_tensors(name)) for name in names]
+
+
+def assert_same_tensor(got: CompressedTensor, want: CompressedTensor) -> None:
+    assert got.spec == TensorSpec(want.spec.name, tuple(want.spec.shape), want.spec.dtype)
+    assert got.index_mode == want.index_mode
+    if want.indices is None:
+        assert got.indices is None
+    else:
+        assert got.indices is not None and got.indices.dtype == np.int64
+        np.testing.assert_array_equal(got.indices, want.indices)
+    assert got.values.scheme == want.values.scheme
+    assert got.values.bits == want.values.bits
+    bits = want.values.bits
+    expected_dtype = np.uint8 if bits <= 8 else np.uint16 if bits <= 16 else np.uint32
+    assert got.values.codes.dtype == expected_dtype
+    np.testing.assert_array_equal(got.values.codes, np.asarray(want.values.codes, np.uint64))
+    assert list(got.values.params) == list(want.values.params)
+    for key, array in want.values.params.items():
+        # Bitwise, so NaN payloads and signed zeros count too.
+        np.testing.assert_array_equal(
+            got.values.params[key].view(np.uint32), np.asarray(array, np.float32).view(np.uint32)
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frames())
+def test_decode_inverts_encode(case: tuple[str, list[CompressedTensor]]) -> None:
+    codec, tensors = case
+    payload = encode_frame(codec, tensors)
+    got_codec, got = decode_frame(payload)
+    assert got_codec == codec
+    assert len(got) == len(tensors)
+    for got_tensor, want in zip(got, tensors, strict=True):
+        assert_same_tensor(got_tensor, want)
+    # Encoding is a function of the contents: the decoded tensors encode to the same bytes.
+    assert encode_frame(got_codec, got) == payload
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(compressed_tensors("w"))
+def test_chosen_coding_is_the_smallest_and_sizes_are_exact(tensor: CompressedTensor) -> None:
+    if tensor.index_mode != "explicit":
+        return
+    assert tensor.indices is not None
+    numel = tensor.spec.numel
+    bits = index_bits_for(tensor.indices, numel)
+    auto = encode_frame("c", [tensor])
+    forced = {coding: encode_frame("c", [tensor], index_coding=coding) for coding in bits}
+    assert set(bits) <= set(INDEX_CODINGS)
+    # The frame size difference between two codings is exactly their bit difference.
+    base = min(bits, key=lambda c: (bits[c], INDEX_CODINGS.index(c)))
+    for coding, payload in forced.items():
+        assert 8 * (len(payload) - len(forced[base])) == bits[coding] - bits[base]
+    assert auto == forced[base]
+    _, (layout,) = inspect_frame(auto)
+    assert layout.coding == base
+    for payload in forced.values():
+        _, got = decode_frame(payload)
+        assert_same_tensor(got[0], tensor)
+
+
+@pytest.mark.parametrize("bits", range(1, 33))
+def test_every_bit_width_in_every_mode(bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    numel = 257  # odd, so no mode ends on a byte boundary by accident
+    kept = np.sort(rng.choice(numel, 40, replace=False))
+    extremes = np.array([0, (1 << bits) - 1], dtype=np.uint64)
+    tensors = []
+    for mode, count in (("explicit", 40), ("dense", numel), ("mask", 40)):
+        codes = np.concatenate([extremes, rng.integers(0, 1 << bits, count - 2, dtype=np.uint64)])
+        tensors.append(
+            CompressedTensor(
+                TensorSpec(mode, (numel,)),
+                mode,  # type: ignore[arg-type]
+                kept if mode == "explicit" else None,
+                QuantizedValues("uniform", bits, codes),
+            )
+        )
+    _, got = decode_frame(encode_frame("b", tensors))
+    for got_tensor, want in zip(got, tensors, strict=True):
+        assert_same_tensor(got_tensor, want)
+
+
+def test_decode_accepts_any_bytes_like_payload() -> None:
+    tensor = CompressedTensor(
+        TensorSpec("w", (3,)),
+        "dense",
+        None,
+        QuantizedValues("fp16", 16, np.arange(3, dtype=np.uint16)),
+    )
+    payload = encode_frame("fp16", [tensor])
+    as_array = np.frombuffer(payload, dtype=np.uint8)
+    for form in (payload, bytearray(payload), memoryview(payload), as_array, as_array.copy()):
+        codec, (got,) = decode_frame(form)
+        assert codec == "fp16"
+        assert_same_tensor(got, tensor)
+
+
+def test_empty_frame() -> None:
+    payload = encode_frame("", [])
+    assert len(payload) == 14 + 2 + 4
+    assert decode_frame(payload) == ("", [])
+
+
+# --------------------------------------------------------------------------------------
+# The byte layout, pinned by a frame written out by hand.
+# --------------------------------------------------------------------------------------
+
+
+def test_golden_frame_layout() -> None:
+    tensor = CompressedTensor(
+        TensorSpec("w", (2, 3), "float16"),
+        "explicit",
+        np.array([1, 4]),
+        QuantizedValues(
+            "uniform", 4, np.array([3, 10], np.uint8), {"s": np.array([1.5], np.float32)}
+        ),
+    )
+    payload = encode_frame("topk", [tensor])
+    # Index candidates for {1, 4} in 6: bitmap 1 byte; Elias-Fano L=1: 1 + 1 bytes;
+    # Rice k=1: gaps 1, 2 -> 0b11 + 0b01,1 -> bits 1,1, 0,1,0 = 5 bits = 1 byte.
+    # Bitmap and Rice tie at one byte; bitmap comes first in the tie-break order.
+    body = b"".join(
+        [
+            b"\x04topk",  # codec
+            b"\x01",  # tensor count
+            b"\x01w",  # name
+            bytes([2]),  # dtype float16
+            bytes([2, 2, 3]),  # ndim, shape
+            bytes([0]),  # index mode explicit
+            b"\x02",  # value count
+            bytes([4, 4]),  # scheme uniform, 4 bits
+            b"\x01" + b"\x01s" + b"\x01",  # one param "s" of 1 float
+            bytes([2, 0]),  # coding bitmap, no parameter
+            b"\x01",  # index section bytes
+            struct.pack("<f", 1.5),  # param data
+            bytes([0b0001_0010]),  # bitmap: bits 1 and 4
+            bytes([0xA3]),  # codes 3, 10 at 4 bits, little-endian
+        ]
+    )
+    head = MAGIC + bytes([FORMAT_VERSION, 0]) + struct.pack("<Q", 14 + len(body) + 4)
+    expected = head + body + struct.pack("<I", zlib.crc32(head + body))
+    assert payload == expected
+
+
+# --------------------------------------------------------------------------------------
+# inspect_frame
+# --------------------------------------------------------------------------------------
+
+
+def test_inspect_frame_reports_real_byte_counts() -> None:
+    rng = np.random.default_rng(3)
+    numel = 100_000
+    indices = np.sort(rng.choice(numel, 1000, replace=False))
+    codes = rng.integers(0, 8, 1000).astype(np.uint8)
+    tensor = CompressedTensor(
+        TensorSpec("fc.weight", (100, 1000)),
+        "explicit",
+        indices,
+        QuantizedValues("qsgd", 3, codes, {"norm": np.ones(1, np.float32)}),
+    )
+    payload = encode_frame("topk(0.01)+qsgd(3)", [tensor])
+    codec, (layout,) = inspect_frame(payload)
+    assert codec == "topk(0.01)+qsgd(3)"
+    assert layout.coding == "rice"
+    assert layout.codes_nbytes == 375
+    assert layout.params_nbytes == 4
+    assert 8 * layout.index_nbytes <= index_bits_for(indices, numel)["rice"]
+
+
+# --------------------------------------------------------------------------------------
+# Encoder input checks (ValueError naming the tensor)
+# --------------------------------------------------------------------------------------
+
+
+def _tensor(**overrides: object) -> CompressedTensor:
+    fields: dict[str, object] = {
+        "spec": TensorSpec("w", (4,)),
+        "index_mode": "explicit",
+        "indices": np.array([0, 2]),
+        "values": QuantizedValues("uniform", 4, np.array([1, 2], np.uint8)),
+    }
+    fields.update(overrides)
+    return CompressedTensor(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        (_tensor(spec=TensorSpec("w", (4,), "int8")), "unknown dtype 'int8'"),
+        (_tensor(spec=TensorSpec("w", (-1,))), r"ints in \[0, "),
+        (_tensor(spec=TensorSpec("w", (1 << 30, 1 << 30))), "exceeds the format"),
+        (_tensor(index_mode="sparse"), "unknown index mode 'sparse'"),
+        (_tensor(values=QuantizedValues("fp8", 8, np.zeros(2, np.uint8))), "unknown scheme 'fp8'"),
+        (_tensor(values=QuantizedValues("uniform", 0, np.zeros(2, np.uint8))), "bits must be"),
+        (_tensor(values=QuantizedValues("uniform", 33, np.zeros(2, np.uint8))), "bits must be"),
+        (_tensor(values=QuantizedValues("uniform", 3, np.array([1, 8]))), "code 8 does not fit 3"),
+        (_tensor(values=QuantizedValues("uniform", 3, np.array([1, -1]))), "non-negative"),
+        (_tensor(values=QuantizedValues("uniform", 3, np.array([1.0, 2.0]))), "integers"),
+        (_tensor(values=QuantizedValues("uniform", 3, np.zeros((1, 2), np.uint8))), "one-dim"),
+        (_tensor(indices=None), "needs indices"),
+        (_tensor(indices=np.array([2, 0])), "strictly increasing"),
+        (_tensor(indices=np.array([0, 4])), r"outside \[0, 4\)"),
+        (_tensor(indices=np.array([0, 1, 2])), "3 indices but 2 codes"),
+        (_tensor(index_mode="dense"), "carries no indices"),
+        (_tensor(index_mode="dense", indices=None), "dense mode needs 4 codes, got 2"),
+        (
+            _tensor(
+                index_mode="mask",
+                indices=None,
+                values=QuantizedValues("sign", 1, np.zeros(5, np.uint8)),
+            ),
+            "mask mode has 5 codes for 4",
+        ),
+    ],
+)
+def test_encoder_rejects_broken_tensors(tensor: CompressedTensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        encode_frame("c", [tensor])
+    assert "tensor" in str(info.value)
+
+
+def test_encoder_rejects_duplicate_names_and_non_str_codec() -> None:
+    with pytest.raises(ValueError, match="duplicate tensor name"):
+        encode_frame("c", [_tensor(), _tensor()])
+    with pytest.raises(ValueError, match="codec must be a str"):
+        encode_frame(b"c", [_tensor()])  # type: ignore[arg-type]
+
+
+def test_frame_within_default_limits_for_a_large_tensor() -> None:
+    numel = 10_000_000
+    rng = np.random.default_rng(0)
+    indices = np.sort(rng.choice(numel, 100_000, replace=False))
+    codes = rng.integers(0, 256, 100_000).astype(np.uint8)
+    tensor = CompressedTensor(
+        TensorSpec("big", (numel,)), "explicit", indices, QuantizedValues("uniform", 8, codes)
+    )
+    payload = encode_frame("c", [tensor])
+    assert len(payload) < DEFAULT_LIMITS.max_payload_bytes
+    _, (got,) = decode_frame(payload)
+    assert_same_tensor(got, tensor)
