@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import time
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.compressed import train_compressed
-from clients.runtime import ClientRuntime
+from clients.runtime import ClientRuntime, LocalTraining
 from fedsync import protocol
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.models.training import train as train_model
+from fedsync.settings import node_partition
 
 app = ClientApp()
 
@@ -43,7 +43,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received dense model on the local validation split."""
     runtime = ClientRuntime.from_context(context)
     model = runtime.fresh_model()
-    model.load_state_dict(msg.content[protocol.ARRAYS].to_torch_state_dict(), strict=False)
+    model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     _, validation = runtime.data()
     result = evaluate_model(
         model, validation, batch_size=runtime.settings.batch_size, device=runtime.device
@@ -58,24 +58,26 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
 
 
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server this node's ``partition-id``: its stable name across runs.
+
+    Flower draws node ids at random in every simulation; the server orders devices,
+    assigns fleet profiles and seeds its draws by partition id instead, so runs repeat.
+    """
+    partition_id, num_partitions = node_partition(context.node_config)
+    metrics = MetricRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
+
+
 def _train_dense(msg: Message, runtime: ClientRuntime) -> Message:
-    config = msg.content.get(protocol.CONFIG, {})
-    settings = runtime.settings
+    config = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
     model = runtime.fresh_model()
-    model.load_state_dict(msg.content[protocol.ARRAYS].to_torch_state_dict(), strict=False)
+    model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
     train_set, _ = runtime.data()
 
     started = time.perf_counter()
-    result = train_model(
-        model,
-        train_set,
-        epochs=int(config.get(protocol.LOCAL_EPOCHS, settings.local_epochs)),
-        batch_size=int(config.get(protocol.BATCH_SIZE, settings.batch_size)),
-        lr=float(config.get(protocol.LEARNING_RATE, settings.learning_rate)),
-        momentum=float(config.get(protocol.MOMENTUM, settings.momentum)),
-        device=runtime.device,
-        seed=runtime.task_seed(config),
-    )
+    result = LocalTraining.from_task(config, runtime).run(model, train_set, runtime.device)
     compute_seconds = time.perf_counter() - started
 
     state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}

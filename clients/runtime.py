@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from flwr.app import Context
 
+from fedsync import protocol
 from fedsync.data import ArrayDataset
+from fedsync.models.training import train as train_model
+from fedsync.records import get_float, get_int
 from fedsync.settings import SettingsError, TrainingSettings, node_partition, resolve_device
 from fedsync.task import client_data, model_for
 
@@ -56,9 +59,52 @@ class ClientRuntime:
 
     def task_seed(self, config: Mapping[str, Any]) -> int:
         """A seed for this task's shuffling: distinct per node and per task."""
-        base = int(config.get("task-seed", self.settings.seed))
-        round_ = int(config.get("server-round", 0))
+        base = get_int(config, protocol.TASK_SEED, self.settings.seed)
+        round_ = get_int(config, protocol.SERVER_ROUND, 0)
         return (base * 1_000_003 + self.partition_id * 7919 + round_) % (2**31)
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """One task's local training settings: the task config wins over the run config."""
+
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    proximal_mu: float
+    max_steps: int | None
+    seed: int
+
+    @classmethod
+    def from_task(cls, config: Mapping[str, Any], runtime: ClientRuntime) -> LocalTraining:
+        """Read the task's ConfigRecord (keys in :mod:`fedsync.protocol`)."""
+        settings = runtime.settings
+        local_steps = get_int(config, protocol.LOCAL_STEPS, 0)
+        return cls(
+            epochs=get_int(config, protocol.LOCAL_EPOCHS, settings.local_epochs),
+            batch_size=get_int(config, protocol.BATCH_SIZE, settings.batch_size),
+            learning_rate=get_float(config, protocol.LEARNING_RATE, settings.learning_rate),
+            momentum=get_float(config, protocol.MOMENTUM, settings.momentum),
+            proximal_mu=get_float(config, protocol.PROXIMAL_MU, 0.0),
+            max_steps=local_steps if local_steps > 0 else None,
+            seed=runtime.task_seed(config),
+        )
+
+    def run(self, model: torch.nn.Module, dataset: ArrayDataset, device: torch.device) -> Any:
+        """Train ``model`` in place on ``dataset``; returns the trainer's result."""
+        return train_model(
+            model,
+            dataset,
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.learning_rate,
+            momentum=self.momentum,
+            device=device,
+            proximal_mu=self.proximal_mu,
+            max_steps=self.max_steps,
+            seed=self.seed,
+        )
 
 
 def _limit_threads(node_config: Mapping[str, Any]) -> None:

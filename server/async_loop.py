@@ -31,6 +31,13 @@ minus the start model it decoded, error feedback applied on the client) and
 ``METRICS`` (``num-examples``, ``num-steps``, ``train-loss``, ``compute-seconds``,
 ``uplink-bytes``). Replies that do not decode, do not fit the model or carry NaN/Inf
 are rejected and counted; the global model is never touched by them.
+
+Before the first task the loop sends each node one QUERY message (CONFIG
+``fedsync-probe = 1``) and expects METRICS ``partition-id`` (from the node config) back:
+Flower draws node ids at random in every simulation, and the partition id gives each
+device a stable index, so fleet assignment, application order and seeded draws repeat
+from run to run. A node that errors or stays silent for ``probe-timeout`` s is ordered
+after the others by node id.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -73,8 +81,9 @@ from fedsync.aggregation.downlink import (
 from fedsync.aggregation.progress import RunTally
 from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
 from fedsync.clock.fleet import Assignment
-from fedsync.reports import RunRecorder, plot_accuracy
-from fedsync.updates import TensorSpec
+from fedsync.reports import RunRecorder, plot_run
+from fedsync.updates import SparseUpdate, TensorSpec
+from server.probe import probe_partitions
 
 __all__ = [
     "CONFIG_DOCS",
@@ -167,11 +176,15 @@ class AsyncResult:
         )
 
 
-def default_codec_factory(spec: str) -> UpdateCodecLike:
-    """Build :class:`fedsync.codec.UpdateCodec` from a spec string."""
-    from fedsync.codec import UpdateCodec  # the codec is optional until it is needed
+def default_codec_factory(spec: str, *, seed: int = 0) -> UpdateCodecLike:
+    """Build :class:`fedsync.codec.UpdateCodec` from a spec string.
 
-    codec: UpdateCodecLike = UpdateCodec(spec)
+    ``seed`` fixes the random choices of stochastic codecs (random-k, stochastic
+    rounding) the server encodes downlinks with; decoding needs no seed.
+    """
+    from fedsync.codec import UpdateCodec  # imported late: the core loads without it
+
+    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed)
     return codec
 
 
@@ -229,7 +242,7 @@ def run_async(
         recorder=recorder,
         global_state=global_state,
         evaluate_fn=evaluate_fn,
-        codec_factory=codec_factory or default_codec_factory,
+        codec_factory=codec_factory or partial(default_codec_factory, seed=config.seed),
         clock=clock,
         resume=resume,
         checkpoint_fn=checkpoint_fn,
@@ -326,10 +339,10 @@ class AsyncLoop:
             self._codec(spec)
         self.downlink = DownlinkEncoder(
             self.specs,
-            full_codec=self._codec(config.downlink_codec),
+            full_codec=self._downlink_codec(config.downlink_codec),
             kind=cast(DownlinkKind, config.downlink_kind),
             delta_codec=(
-                self._codec(config.downlink_delta_codec)
+                self._downlink_codec(config.downlink_delta_codec)
                 if config.downlink_kind == "delta"
                 else None
             ),
@@ -353,22 +366,27 @@ class AsyncLoop:
         self._last_eval_version = -1
         self._last_node_refresh = 0.0
         self.stop_reason = ""
+        self._time_cap = float("inf")
         # --- built by run(), once the nodes are known ---
         self.fleet: Fleet
         self.clock: Clock
         self.scheduler: TaskScheduler
+        self.device_of: dict[int, int] = {}
+        """Flower node id -> stable device index (partition id order)."""
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> AsyncResult:
         """Dispatch, collect and aggregate until a stop condition; write the summary."""
         node_ids = self._discover_nodes()
+        self._order_devices(node_ids, self._probe_partitions(node_ids))
         self.fleet = load_fleet(self.config.fleet).assign(
             node_ids,
             how=cast(Assignment, self.config.fleet_assignment),
             seed=self.config.seed,
+            key=self.device_of.__getitem__,
         )
         self.clock = self._clock_override or (
-            VirtualClock(self.fleet, seed=self.config.seed)
+            VirtualClock(self.fleet, seed=self.config.seed, key=self.device_of.__getitem__)
             if self.config.clock == "virtual"
             else WallClock()
         )
@@ -384,7 +402,8 @@ class AsyncLoop:
             staleness=self.policy.staleness.spec(),
             clock=self.clock.name,
             fleet=self.fleet.spec.name,
-            profiles=self.fleet.describe(),
+            profiles=[self.fleet.profile_for(n).name for n in self._by_device(node_ids)],
+            node_of_device=self._by_device(node_ids),
             version=self.version,
         )
         log(
@@ -397,7 +416,7 @@ class AsyncLoop:
             self.clock.name,
             self.fleet.spec.name,
         )
-        for node_id in sorted(node_ids):
+        for node_id in self._by_device(node_ids):
             self.clock.wake(node_id)
         self._evaluate()
         self.stop_reason = self._loop()
@@ -413,7 +432,10 @@ class AsyncLoop:
             self._dispatch_ready()
             event = self.clock.pop()
             if event is not None:
-                if self.config.max_sim_time and event.time > self.config.max_sim_time:
+                limit = self.config.max_sim_time
+                if limit and event.time + self._time_offset > limit:
+                    # Popping moved the clock past the limit; the run ends at the limit.
+                    self._time_cap = limit - self._time_offset
                     return "max-sim-time"
                 self._handle(event)
                 continue
@@ -433,7 +455,7 @@ class AsyncLoop:
             return "max-aggregations"
         if config.stop_at_target and self.tally.target is not None:
             return "target-accuracy"
-        if config.max_sim_time and self.clock.now() >= config.max_sim_time:
+        if config.max_sim_time and self.clock.now() + self._time_offset >= config.max_sim_time:
             return "max-sim-time"
         if config.max_wall_time and time.monotonic() - self._wall_start >= config.max_wall_time:
             return "max-wall-time"
@@ -464,6 +486,7 @@ class AsyncLoop:
             "dispatch",
             task=task_id,
             node=node_id,
+            device=self.device_of[node_id],
             version=version,
             bytes_down=len(downlink.payload),
             downlink_kind=downlink.kind,
@@ -569,14 +592,13 @@ class AsyncLoop:
             }
 
     def _work(self, task: _Task) -> TaskWork:
-        # Simulated compute needs the work done: steps x batch, capped by one pass over
-        # the data per epoch (the last batch of an epoch is short).
-        examples = int(task.metrics.get(protocol.NUM_EXAMPLES, 0))
-        steps = int(task.metrics.get(protocol.NUM_STEPS, 0))
-        per_epochs = examples * self.config.local_epochs
-        by_steps = steps * self.config.batch_size
-        samples = min(per_epochs, by_steps) if per_epochs and by_steps else per_epochs or by_steps
-        return TaskWork(uplink_bytes=len(task.payload), samples=samples, steps=steps)
+        return TaskWork.from_reply(
+            len(task.payload),
+            examples=int(task.metrics.get(protocol.NUM_EXAMPLES, 0)),
+            steps=int(task.metrics.get(protocol.NUM_STEPS, 0)),
+            epochs=self.config.local_epochs,
+            batch_size=self.config.batch_size,
+        )
 
     def _expire_overdue(self) -> None:
         """Stop waiting for replies well past their TTL (Flower should have said so)."""
@@ -607,6 +629,24 @@ class AsyncLoop:
                 )
             self._sleep(1.0)
 
+    def _probe_partitions(self, node_ids: list[int]) -> dict[int, int]:
+        """Ask every node for its ``partition-id`` (see :func:`server.probe.probe_partitions`)."""
+        return probe_partitions(
+            self.grid,
+            node_ids,
+            timeout=self.config.probe_timeout,
+            poll_interval=self.config.poll_interval,
+            sleep=self._sleep,
+        )
+
+    def _order_devices(self, node_ids: list[int], partitions: dict[int, int]) -> None:
+        """Number the devices 0..n-1: by partition id where known, then by node id."""
+        order = sorted(node_ids, key=lambda n: (n not in partitions, partitions.get(n, 0), n))
+        self.device_of = {node_id: index for index, node_id in enumerate(order)}
+
+    def _by_device(self, node_ids: list[int]) -> list[int]:
+        return sorted(node_ids, key=self.device_of.__getitem__)
+
     def _refresh_nodes(self) -> None:
         # Only deployments gain nodes mid-run; a simulation's set is fixed (and a refresh
         # there could only cost determinism).
@@ -618,8 +658,14 @@ class AsyncLoop:
         self._last_node_refresh = now
         for node_id in sorted(int(n) for n in self.grid.get_node_ids()):
             if self.scheduler.join(node_id):
+                self.device_of[node_id] = len(self.device_of)
                 self.fleet.add(node_id)
-                self.recorder.events.write("node-joined", node=node_id, sim_time=self._sim_now())
+                self.recorder.events.write(
+                    "node-joined",
+                    node=node_id,
+                    device=self.device_of[node_id],
+                    sim_time=self._sim_now(),
+                )
                 self.clock.wake(node_id)
 
     # --- events -------------------------------------------------------------------------------
@@ -645,6 +691,7 @@ class AsyncLoop:
             "arrival",
             task=task.task_id,
             node=node_id,
+            device=self.device_of[node_id],
             version=task.version,
             staleness=staleness,
             bytes_up=len(task.payload),
@@ -665,6 +712,7 @@ class AsyncLoop:
                 "drop",
                 task=task.task_id,
                 node=node_id,
+                device=self.device_of[node_id],
                 reason="stale",
                 staleness=staleness,
                 max_staleness=self.policy.max_staleness,
@@ -683,7 +731,7 @@ class AsyncLoop:
         if self.buffer.is_full:
             self._aggregate(event.time)
 
-    def _decode(self, task: _Task) -> tuple[dict[str, Any] | None, str]:
+    def _decode(self, task: _Task) -> tuple[SparseUpdate | None, str]:
         if task.malformed:
             return None, task.malformed
         if self.policy.weight_by_examples and task.metrics.get(protocol.NUM_EXAMPLES, 0) <= 0:
@@ -705,6 +753,7 @@ class AsyncLoop:
             "drop",
             task=task.task_id,
             node=task.node_id,
+            device=self.device_of[task.node_id],
             reason="rejected",
             detail=why[:500],
             gave_up=retired,
@@ -722,6 +771,7 @@ class AsyncLoop:
             "error",
             task=task.task_id,
             node=task.node_id,
+            device=self.device_of[task.node_id],
             reason=event.reason[:500],
             failures=self.scheduler.devices[task.node_id].consecutive_failures,
             gave_up=retired,
@@ -736,6 +786,7 @@ class AsyncLoop:
             self.recorder.events.write(
                 "give-up",
                 node=node_id,
+                device=self.device_of[node_id],
                 failures=self.scheduler.devices[node_id].failures,
                 last_failure=self.scheduler.devices[node_id].last_failure[:500],
                 sim_time=self._sim(event.time),
@@ -753,6 +804,7 @@ class AsyncLoop:
             "drop",
             task=task.task_id,
             node=task.node_id,
+            device=self.device_of[task.node_id],
             reason=event.reason,
             sim_time=self._sim(event.time),
         )
@@ -845,7 +897,8 @@ class AsyncLoop:
             bytes_down=self.tally.bytes_down,
         )
         self.recorder.write_summary(summary)
-        self._plots()
+        if self.config.plots:
+            self._plots()
         log(
             INFO, "[fedsync] %s ended (%s) at v%d", self.policy.name, self.stop_reason, self.version
         )
@@ -858,39 +911,12 @@ class AsyncLoop:
         )
 
     def _plots(self) -> None:
-        evaluations = self.tally.evaluations
-        if not evaluations:
-            return
-        name = self.policy.name
-        target = self.config.target_accuracy or None
-        accuracy = [e["accuracy"] for e in evaluations]
-        folder = self.recorder.folder
-        plot_accuracy(
-            {name: ([e["version"] for e in evaluations], accuracy)},
-            folder / "accuracy.png",
-            xlabel="aggregations (model version)",
-            title=f"{name}: test accuracy",
-            target=target,
-        )
-        plot_accuracy(
-            {name: ([e["sim_time"] for e in evaluations], accuracy)},
-            folder / "accuracy_vs_time.png",
-            xlabel=f"{'simulated' if self.clock.name == 'virtual' else 'wall'} time (s)",
-            title=f"{name}: accuracy vs time",
-            target=target,
-        )
-        plot_accuracy(
-            {
-                f"{name} (up + down)": (
-                    [e["cumulative_bytes_up"] + e["cumulative_bytes_down"] for e in evaluations],
-                    accuracy,
-                ),
-                f"{name} (up only)": ([e["cumulative_bytes_up"] for e in evaluations], accuracy),
-            },
-            folder / "accuracy_vs_bytes.png",
-            xlabel="cumulative bytes",
-            title=f"{name}: accuracy vs bytes",
-            target=target,
+        plot_run(
+            self.tally.evaluations,
+            self.recorder.folder,
+            self.policy.name,
+            target=self.config.target_accuracy or None,
+            time_label=f"{'simulated' if self.clock.name == 'virtual' else 'wall'} time (s)",
         )
 
     # --- helpers ------------------------------------------------------------------------------
@@ -904,8 +930,20 @@ class AsyncLoop:
             self._codecs[spec] = codec
         return codec
 
+    def _downlink_codec(self, spec: str) -> UpdateCodecLike:
+        codec = self._codec(spec)
+        # One server codec encodes for every device: an error-feedback memory inside it
+        # would mix all devices' residuals. downlink-kind = "delta" keeps a residual per
+        # device instead (global minus that device's replica).
+        if getattr(getattr(codec, "config", None), "feedback", None) is not None:
+            raise AsyncConfigError(
+                f"downlink codec {spec!r} must not use error feedback (+ef): use "
+                "downlink-kind = 'delta', which keeps a per-device residual on the server"
+            )
+        return codec
+
     def _sim_now(self) -> float:
-        return self._sim(self.clock.now())
+        return self._sim(min(self.clock.now(), self._time_cap))
 
     def _sim(self, time_: float) -> float:
         return round(time_ + self._time_offset, 6)

@@ -37,4 +37,8 @@ class CentralEvaluator:
         """Return ``{"accuracy", "loss", "num_examples"}`` of ``state`` on the test split."""
         self.model.load_state_dict(dict(state), strict=False)
         result = evaluate_model(self.model, self.test_set, batch_size=512, device=self.device)
-        return {key: float(value) for key, value in result.items()}
+        return {
+            "accuracy": float(result["accuracy"]),
+            "loss": float(result["loss"]),
+            "num_examples": float(result["num_examples"]),
+        }

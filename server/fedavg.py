@@ -3,15 +3,17 @@
 Every later number in fedsync is compared with this strategy, so it is Flower's
 ``FedAvg`` itself -- sampling, aggregation and rounds untouched. The subclass only
 *observes*: it counts the bytes of every model that goes out and every update that comes
-back (lengths of the serialized arrays inside the real Flower messages) and records the
-rounds in the run's event log.
+back (lengths of the serialized arrays inside the real Flower messages), times each
+round on the fleet's virtual clock (:mod:`server.sync_timing`), and records the rounds
+in the run's event log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -19,7 +21,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedsync import protocol
+from fedsync.clock import TaskWork
+from fedsync.records import get_int
 from fedsync.reports import RunRecorder
+from server.sync_timing import SyncRoundClock
 
 
 def record_bytes(record: RecordDict) -> int:
@@ -39,76 +44,114 @@ class RoundTraffic:
     nodes: list[int] = field(default_factory=list)
     replies: int = 0
     failures: int = 0
-    # Per node: seconds the ClientApp reported training for (real compute).
-    compute_seconds: dict[int, float] = field(default_factory=dict)
-    uplink_by_node: dict[int, int] = field(default_factory=dict)
+    lost: int = 0
+    sim_start: float = 0.0
+    sim_end: float = 0.0
 
 
 class MeteredFedAvg(FedAvg):
-    """Flower's ``FedAvg``, counting the real bytes of each round.
+    """Flower's ``FedAvg``, counting the real bytes and simulated time of each round.
 
     Parameters
     ----------
     recorder : RunRecorder
         Where ``train_round`` events go.
+    timing : SyncRoundClock
+        Times each round on the fleet's virtual clock; replies of tasks the clock lost
+        (dropout, offline) are left out of the aggregation.
+    epochs, batch_size : int
+        The local work per task (for the simulated compute time).
     **kwargs
         Passed to :class:`flwr.serverapp.strategy.FedAvg` unchanged.
     """
 
-    def __init__(self, recorder: RunRecorder, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        recorder: RunRecorder,
+        timing: SyncRoundClock,
+        *,
+        epochs: int,
+        batch_size: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
         self.recorder = recorder
+        self.timing = timing
+        self.epochs = epochs
+        self.batch_size = batch_size
         self.rounds: dict[int, RoundTraffic] = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample nodes as FedAvg does and count the model bytes sent to each."""
+        """Sample nodes as FedAvg does; count the model bytes sent to each; start the clock."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
         traffic = self.rounds.setdefault(server_round, RoundTraffic())
+        downlink: dict[int, int] = {}
         for message in messages:
-            traffic.downlink_bytes += record_bytes(message.content)
+            size = record_bytes(message.content)
+            traffic.downlink_bytes += size
             traffic.nodes.append(message.metadata.dst_node_id)
+            downlink[message.metadata.dst_node_id] = size
+        self.timing.assign(grid, sorted(int(n) for n in grid.get_node_ids()))
+        self.timing.start_round(server_round, downlink)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate as FedAvg does, after counting each reply's bytes."""
+        """Count each reply's bytes, time the round, and aggregate as FedAvg does."""
         replies = list(replies)
         traffic = self.rounds.setdefault(server_round, RoundTraffic())
+        works: dict[int, TaskWork] = {}
         for reply in replies:
             if reply.has_error():
                 traffic.failures += 1
                 continue
-            node = reply.metadata.src_node_id
             size = record_bytes(reply.content)
-            traffic.replies += 1
-            traffic.uplink_bytes += size
-            traffic.uplink_by_node[node] = size
-            metrics = reply.content.metric_records.get(protocol.METRICS)
-            if metrics is not None and protocol.COMPUTE_SECONDS in metrics:
-                traffic.compute_seconds[node] = float(metrics[protocol.COMPUTE_SECONDS])
-        arrays, metrics = super().aggregate_train(server_round, replies)
+            metrics = reply.content.metric_records.get(protocol.METRICS) or MetricRecord()
+            works[reply.metadata.src_node_id] = TaskWork.from_reply(
+                size,
+                examples=get_int(metrics, protocol.NUM_EXAMPLES, 0),
+                steps=get_int(metrics, protocol.NUM_STEPS, 0),
+                epochs=self.epochs,
+                batch_size=self.batch_size,
+            )
+        round_timing = self.timing.finish_round(works)
+        traffic.sim_start, traffic.sim_end = round_timing.start, round_timing.end
+        # A reply whose task the clock lost never reached the server in the simulated
+        # world: it is neither counted nor aggregated.
+        delivered = [
+            r for r in replies if r.has_error() or r.metadata.src_node_id not in round_timing.lost
+        ]
+        traffic.lost = len(replies) - len(delivered)
+        for reply in delivered:
+            if not reply.has_error():
+                traffic.replies += 1
+                traffic.uplink_bytes += works[reply.metadata.src_node_id].uplink_bytes
+        arrays, aggregated_metrics = super().aggregate_train(server_round, delivered)
         self.recorder.events.write(
             "train_round",
             round=server_round,
             nodes=len(traffic.nodes),
             replies=traffic.replies,
             failures=traffic.failures,
+            lost=traffic.lost,
             bytes_down=traffic.downlink_bytes,
             bytes_up=traffic.uplink_bytes,
+            sim_start=round(traffic.sim_start, 6),
+            sim_end=round(traffic.sim_end, 6),
         )
         log(
             INFO,
-            "[fedsync] round %d: %d replies, %d failures, %.2f MB down, %.2f MB up",
+            "[fedsync] round %d: %d replies, %d failures, %d lost, %.2f MB down, %.2f MB up, "
+            "simulated %.1f s",
             server_round,
             traffic.replies,
             traffic.failures,
+            traffic.lost,
             traffic.downlink_bytes / 1e6,
             traffic.uplink_bytes / 1e6,
+            traffic.sim_end,
         )
-        return arrays, metrics
-
-
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+        return arrays, aggregated_metrics

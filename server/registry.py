@@ -10,6 +10,7 @@ from flwr.serverapp import Grid
 
 from fedsync.reports import RunRecorder
 from fedsync.settings import TrainingSettings
+from server.async_loop import run_async_strategy
 from server.evaluation import CentralEvaluator
 from server.run_fedavg import run_fedavg
 
@@ -20,4 +21,9 @@ StrategyRunner = Callable[
 
 STRATEGIES: dict[str, StrategyRunner] = {
     "fedavg": run_fedavg,
+    # The asynchronous policies share one loop; the run config's strategy picks K, C,
+    # staleness weighting and mixing (fedsync.aggregation.policies).
+    "teasq": run_async_strategy,
+    "fedbuff": run_async_strategy,
+    "fedasync": run_async_strategy,
 }

@@ -1,4 +1,4 @@
-"""Run the dense FedAvg baseline (Flower's strategy) and summarise it."""
+"""Run the dense FedAvg baseline (Flower's strategy) and summarise it like every strategy."""
 
 from __future__ import annotations
 
@@ -11,10 +11,22 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsync import protocol
-from fedsync.reports import RunRecorder, plot_accuracy
+from fedsync.aggregation.progress import RunTally
+from fedsync.reports import RunRecorder, plot_run
 from fedsync.settings import TrainingSettings
 from server.evaluation import CentralEvaluator
 from server.fedavg import MeteredFedAvg
+from server.sync_timing import SyncRoundClock
+
+
+def _fleet_settings(run_config: Any) -> tuple[str, str, float, float]:
+    """``fleet``, ``fleet-assignment``, ``target-accuracy``, ``probe-timeout``."""
+    return (
+        str(run_config.get("fleet", "")),
+        str(run_config.get("fleet-assignment", "order")),
+        float(run_config.get("target-accuracy", 0.0)),
+        float(run_config.get("probe-timeout", 30.0)),
+    )
 
 
 def run_fedavg(
@@ -29,47 +41,55 @@ def run_fedavg(
     Returns
     -------
     dict
-        The summary: per-round accuracy, loss and exact bytes up/down, and totals.
+        The summary (the same fields as the asynchronous strategies'): per-round
+        accuracy, loss, exact bytes up/down and simulated time; totals; time and bytes
+        to ``target-accuracy``.
     """
+    fleet, assignment, target_accuracy, probe_timeout = _fleet_settings(context.run_config)
+    timing = SyncRoundClock(
+        fleet, assignment=assignment, seed=settings.seed, probe_timeout=probe_timeout
+    )
     strategy = MeteredFedAvg(
         recorder,
+        timing,
+        epochs=settings.local_epochs,
+        batch_size=settings.batch_size,
         fraction_train=settings.fraction_train,
         fraction_evaluate=settings.fraction_evaluate,
         min_train_nodes=settings.min_train_nodes,
         min_evaluate_nodes=settings.min_train_nodes if settings.fraction_evaluate > 0 else 0,
         min_available_nodes=settings.min_train_nodes,
     )
-    rounds: list[dict[str, Any]] = []
+    tally = RunTally(target_accuracy=target_accuracy)
     started = time.monotonic()
-    totals = {"up": 0, "down": 0}
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         result = evaluator(arrays.to_torch_state_dict())
         traffic = strategy.rounds.get(server_round)
-        bytes_up = traffic.uplink_bytes if traffic else 0
-        bytes_down = traffic.downlink_bytes if traffic else 0
-        totals["up"] += bytes_up
-        totals["down"] += bytes_down
-        entry = {
-            "round": server_round,
-            "accuracy": result["accuracy"],
-            "loss": result["loss"],
-            "bytes_up": bytes_up,
-            "bytes_down": bytes_down,
-            "cumulative_bytes_up": totals["up"],
-            "cumulative_bytes_down": totals["down"],
-            "wall_time": round(time.monotonic() - started, 3),
-        }
-        rounds.append(entry)
-        recorder.events.write("evaluation", **entry)
+        if traffic is not None:
+            tally.bytes_up += traffic.uplink_bytes
+            tally.bytes_down += traffic.downlink_bytes
+            tally.tasks += len(traffic.nodes)
+            tally.arrivals += traffic.replies
+            tally.aggregated += traffic.replies
+            if traffic.lost:
+                tally.drops["lost"] += traffic.lost
+            if traffic.failures:
+                tally.errors["reply-error"] += traffic.failures
+        wall = time.monotonic() - started
+        entry = tally.record_evaluation(server_round, result, sim_time=timing.now(), wall_time=wall)
+        recorder.events.write(
+            "evaluation", round=server_round, wall_seconds=round(wall, 3), **entry
+        )
         log(
             INFO,
-            "[fedsync] round %d/%d: test accuracy %.4f, loss %.4f, %.1f s",
+            "[fedsync] round %d/%d: test accuracy %.4f, loss %.4f, simulated %.1f s, wall %.1f s",
             server_round,
             settings.num_rounds,
             result["accuracy"],
             result["loss"],
-            entry["wall_time"],
+            timing.now(),
+            wall,
         )
         return MetricRecord({"accuracy": result["accuracy"], "loss": result["loss"]})
 
@@ -90,20 +110,13 @@ def run_fedavg(
         evaluate_fn=evaluate_fn,
     )
 
-    plot_accuracy(
-        {"fedavg": ([r["round"] for r in rounds], [r["accuracy"] for r in rounds])},
-        recorder.folder / "accuracy.png",
-        title=f"FedAvg on {settings.dataset}",
-    )
-    accuracies = [r["accuracy"] for r in rounds]
+    plot_run(tally.evaluations, recorder.folder, "fedavg", target=target_accuracy or None)
     return {
         "strategy": "fedavg",
         "dataset": settings.dataset,
         "num_rounds": settings.num_rounds,
-        "final_accuracy": accuracies[-1],
-        "best_accuracy": max(accuracies),
-        "total_bytes_up": totals["up"],
-        "total_bytes_down": totals["down"],
-        "rounds": rounds,
-        "failures": sum(t.failures for t in strategy.rounds.values()),
+        "sim_time": round(timing.now(), 6),
+        **tally.summary(),
+        "fleet": timing.spec.name,
+        "rounds": tally.evaluations,
     }

@@ -49,3 +49,52 @@ def plot_accuracy(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_run(
+    evaluations: Sequence[Mapping[str, float]],
+    folder: Path,
+    name: str,
+    *,
+    target: float | None = None,
+    time_label: str = "simulated time (s)",
+) -> list[Path]:
+    """The three PNGs every strategy's run writes, from its evaluation entries.
+
+    ``accuracy.png`` (against model version / round), ``accuracy_vs_time.png`` and
+    ``accuracy_vs_bytes.png`` (cumulative bytes up + down, and up only). Each entry
+    needs ``version``, ``accuracy``, ``sim_time``, ``cumulative_bytes_up`` and
+    ``cumulative_bytes_down``.
+    """
+    if not evaluations:
+        return []
+    accuracy = [e["accuracy"] for e in evaluations]
+    return [
+        plot_accuracy(
+            {name: ([e["version"] for e in evaluations], accuracy)},
+            folder / "accuracy.png",
+            xlabel="aggregations (model version)",
+            title=f"{name}: test accuracy",
+            target=target,
+        ),
+        plot_accuracy(
+            {name: ([e["sim_time"] for e in evaluations], accuracy)},
+            folder / "accuracy_vs_time.png",
+            xlabel=time_label,
+            title=f"{name}: accuracy vs time",
+            target=target,
+        ),
+        plot_accuracy(
+            {
+                f"{name} (up + down)": (
+                    [e["cumulative_bytes_up"] + e["cumulative_bytes_down"] for e in evaluations],
+                    accuracy,
+                ),
+                f"{name} (up only)": ([e["cumulative_bytes_up"] for e in evaluations], accuracy),
+            },
+            folder / "accuracy_vs_bytes.png",
+            xlabel="cumulative bytes",
+            title=f"{name}: accuracy vs bytes",
+            target=target,
+        ),
+    ]

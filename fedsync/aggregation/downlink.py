@@ -1,0 +1,156 @@
+"""What the server sends each device: the global model, compressed.
+
+Two modes (``downlink-kind``):
+
+* ``full`` -- every task carries the whole global model through the downlink codec
+  (``"none+fp16"`` halves the bytes; the device trains from exactly what it decoded).
+  The payload depends only on the model version, so it is encoded once per version.
+* ``delta`` -- the server keeps, per device, a *replica* of the model that device holds
+  and sends ``encode(global - replica)`` with the (sparsifying) delta codec; the replica
+  advances by exactly what the device will decode. Whatever the codec left out stays in
+  ``global - replica`` and goes out with the next task: a server-side residual, so
+  nothing is lost over time. A device with no known replica (its first task, or after
+  any failed or lost task, when it may or may not have applied the last delta) gets a
+  ``full`` payload instead, which replaces whatever it held.
+
+Replicas are committed only when the device's reply is in: until then the server
+cannot know the device applied the payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from fedsync.updates import SparseUpdate, TensorSpec, densify
+
+__all__ = ["CodecFactory", "DownlinkEncoder", "DownlinkKind", "DownlinkPayload", "UpdateCodecLike"]
+
+DownlinkKind = Literal["full", "delta"]
+
+
+class UpdateCodecLike(Protocol):
+    """The part of :class:`fedsync.codec.UpdateCodec` the server uses."""
+
+    def encode(self, update: Mapping[str, torch.Tensor]) -> bytes:
+        """Compress dense tensors into one payload."""
+        ...
+
+    def decode(self, payload: bytes, expected: Mapping[str, TensorSpec]) -> SparseUpdate:
+        """Decode a payload, checking it against the expected tensors."""
+        ...
+
+
+CodecFactory = Callable[[str], UpdateCodecLike]
+"""Builds a codec from a spec string (``"topk:0.01+uniform:8+ef"``)."""
+
+
+@dataclass(frozen=True)
+class DownlinkPayload:
+    """One task's downlink: the bytes, and how the device must apply them."""
+
+    payload: bytes
+    kind: DownlinkKind
+
+
+class DownlinkEncoder:
+    """Encodes downlinks and keeps the per-device replicas of delta mode.
+
+    Parameters
+    ----------
+    specs : mapping of str to TensorSpec
+        The model's floating-point tensors (what the payloads carry).
+    full_codec : UpdateCodecLike
+        Codec for whole-model payloads (``downlink-codec``).
+    kind : {"full", "delta"}
+        Downlink mode (see the module docstring).
+    delta_codec : UpdateCodecLike, optional
+        Codec for delta payloads (``downlink-delta-codec``); required with ``"delta"``.
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, TensorSpec],
+        *,
+        full_codec: UpdateCodecLike,
+        kind: DownlinkKind = "full",
+        delta_codec: UpdateCodecLike | None = None,
+    ) -> None:
+        if kind not in ("full", "delta"):
+            raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
+        if kind == "delta" and delta_codec is None:
+            raise ValueError("downlink-kind 'delta' needs a delta codec")
+        self.specs = dict(specs)
+        self.kind: DownlinkKind = kind
+        self._full_codec = full_codec
+        self._delta_codec = delta_codec
+        # --- caches and per-device state ---
+        self._full: tuple[int, bytes, dict[str, torch.Tensor] | None] | None = None
+        self._replicas: dict[int, dict[str, torch.Tensor]] = {}
+        self._pending: dict[int, dict[str, torch.Tensor]] = {}
+
+    def prepare(
+        self, node_id: int, state: Mapping[str, torch.Tensor], version: int
+    ) -> DownlinkPayload:
+        """Encode the downlink for a task to ``node_id`` starting from ``version``.
+
+        Parameters
+        ----------
+        node_id : int
+            The device (one task in flight per device).
+        state : mapping of str to torch.Tensor
+            The global model's floating-point tensors now.
+        version : int
+            The global model's version (full payloads are cached by it).
+        """
+        replica = self._replicas.get(node_id) if self.kind == "delta" else None
+        if replica is None:
+            payload, decoded = self._full_payload(state, version)
+            if self.kind == "delta":
+                assert decoded is not None
+                self._pending[node_id] = {
+                    name: t.to(state[name].dtype, copy=True) for name, t in decoded.items()
+                }
+            return DownlinkPayload(payload, "full")
+        assert self._delta_codec is not None
+        # The difference in the model's own dtype: the frame's tensor table then matches
+        # the specs the device decodes against.
+        diff = {name: (state[name] - replica[name]).to(state[name].dtype) for name in self.specs}
+        payload = self._delta_codec.encode(diff)
+        decoded = densify(self._delta_codec.decode(payload, self.specs))
+        self._pending[node_id] = {
+            name: (replica[name] + decoded[name]).to(replica[name].dtype) for name in self.specs
+        }
+        return DownlinkPayload(payload, "delta")
+
+    def commit(self, node_id: int) -> None:
+        """The device's reply is in: it holds what its last payload decoded to."""
+        pending = self._pending.pop(node_id, None)
+        if pending is not None:
+            self._replicas[node_id] = pending
+
+    def reset(self, node_id: int) -> None:
+        """The device's state is unknown (failed/lost task): next payload is full."""
+        self._pending.pop(node_id, None)
+        self._replicas.pop(node_id, None)
+
+    @property
+    def replicas(self) -> int:
+        """Devices whose model the server mirrors (delta mode)."""
+        return len(self._replicas)
+
+    def _full_payload(
+        self, state: Mapping[str, torch.Tensor], version: int
+    ) -> tuple[bytes, dict[str, torch.Tensor] | None]:
+        if self._full is None or self._full[0] != version:
+            payload = self._full_codec.encode({name: state[name] for name in self.specs})
+            decoded = (
+                densify(self._full_codec.decode(payload, self.specs))
+                if self.kind == "delta"
+                else None
+            )
+            self._full = (version, payload, decoded)
+        return self._full[1], self._full[2]

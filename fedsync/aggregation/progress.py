@@ -1,0 +1,113 @@
+"""The numbers an asynchronous run reports: bytes, staleness, drops, errors, accuracy.
+
+:class:`RunTally` is filled by the loop as things happen and turned into the
+``summary.json`` fields at the end. Bytes are the lengths of real payloads, counted
+when they cross the (simulated) link: downlink at dispatch, uplink at arrival.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunTally", "TargetReached"]
+
+
+@dataclass(frozen=True)
+class TargetReached:
+    """When the global model first reached the target accuracy."""
+
+    accuracy: float
+    version: int
+    sim_time: float
+    wall_time: float
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass
+class RunTally:
+    """Running totals of one asynchronous run.
+
+    Parameters
+    ----------
+    target_accuracy : float
+        Accuracy whose time and bytes to reach are recorded (``0``: none).
+    """
+
+    target_accuracy: float = 0.0
+    # --- traffic ---
+    bytes_up: int = 0
+    bytes_down: int = 0
+    tasks: int = 0
+    arrivals: int = 0
+    aggregated: int = 0
+    # --- what went wrong ---
+    staleness: Counter[int] = field(default_factory=Counter)
+    drops: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    gave_up: list[int] = field(default_factory=list)
+    # --- accuracy over time ---
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    target: TargetReached | None = None
+
+    def record_evaluation(
+        self, version: int, metrics: dict[str, float], *, sim_time: float, wall_time: float
+    ) -> dict[str, Any]:
+        """Store one central evaluation and check the target; returns the entry."""
+        accuracy = float(metrics.get("accuracy", float("nan")))
+        entry: dict[str, Any] = {
+            "version": version,
+            "accuracy": accuracy,
+            "loss": float(metrics.get("loss", float("nan"))),
+            "sim_time": round(sim_time, 6),
+            "cumulative_bytes_up": self.bytes_up,
+            "cumulative_bytes_down": self.bytes_down,
+        }
+        entry.update({k: float(v) for k, v in metrics.items() if k not in entry and _is_number(v)})
+        self.evaluations.append(entry)
+        if self.target is None and self.target_accuracy > 0.0 and accuracy >= self.target_accuracy:
+            self.target = TargetReached(
+                accuracy, version, sim_time, wall_time, self.bytes_up, self.bytes_down
+            )
+        return entry
+
+    def summary(self) -> dict[str, Any]:
+        """The tally as ``summary.json`` fields."""
+        accuracies = [e["accuracy"] for e in self.evaluations]
+        total_stale = sum(self.staleness.values())
+        target: dict[str, Any] = {"accuracy": self.target_accuracy or None, "reached": False}
+        if self.target is not None:
+            target.update(
+                reached=True,
+                version=self.target.version,
+                sim_time=round(self.target.sim_time, 6),
+                wall_time=round(self.target.wall_time, 3),
+                bytes_up=self.target.bytes_up,
+                bytes_down=self.target.bytes_down,
+            )
+        return {
+            "final_accuracy": accuracies[-1] if accuracies else None,
+            "best_accuracy": max(accuracies) if accuracies else None,
+            "final_loss": self.evaluations[-1]["loss"] if self.evaluations else None,
+            "total_bytes_up": self.bytes_up,
+            "total_bytes_down": self.bytes_down,
+            "tasks": self.tasks,
+            "arrivals": self.arrivals,
+            "aggregated_updates": self.aggregated,
+            "target": target,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "mean_staleness": (
+                sum(k * v for k, v in self.staleness.items()) / total_stale if total_stale else None
+            ),
+            "drops": dict(sorted(self.drops.items())),
+            "drops_total": sum(self.drops.values()),
+            "errors": dict(sorted(self.errors.items())),
+            "errors_total": sum(self.errors.values()),
+            "devices_given_up": sorted(self.gave_up),
+        }
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

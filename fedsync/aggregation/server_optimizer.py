@@ -1,0 +1,289 @@
+"""Server optimizers: how an aggregated update moves the global model.
+
+The buffer hands out ``Δ``, the weighted mean of the devices' model deltas (local model
+minus start model) -- the negative of the pseudo-gradient. The server then steps:
+
+* ``sgd`` (plain, FedAvg/FedBuff): ``x += η Δ``.
+* ``momentum`` (FedAvgM, Hsu et al. 2019): ``v = β v + Δ``; ``x += η v``
+  (Nesterov: ``x += η (Δ + β v)``).
+* ``adam`` (FedAdam, Reddi et al. 2021, Algorithm 2): ``m = β1 m + (1-β1) Δ``;
+  ``v = β2 v + (1-β2) Δ²``; ``x += η m / (sqrt(v) + τ)``; the paper has no bias
+  correction, and it is off by default here too.
+
+All step the model in place and keep their state in float32 tensors beside it;
+:meth:`ServerOptimizer.state_dict` / :meth:`ServerOptimizer.load_state_dict` carry that
+state through a checkpoint so a restarted run continues the same trajectory.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SERVER_OPTIMIZERS",
+    "ServerAdam",
+    "ServerMomentum",
+    "ServerOptimizer",
+    "ServerSGD",
+    "build_server_optimizer",
+]
+
+
+def _check_finite_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not (0.0 <= value < 1.0):
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
+class ServerOptimizer(ABC):
+    """Base class: one :meth:`step` per aggregation, state that survives checkpoints.
+
+    Parameters
+    ----------
+    learning_rate : float
+        The server learning rate ``η`` (``1.0`` with ``sgd`` applies the mean update
+        as is), finite and ``> 0``.
+    """
+
+    kind: str = ""
+
+    def __init__(self, *, learning_rate: float = 1.0) -> None:
+        _check_finite_positive("server learning rate", learning_rate)
+        self.learning_rate = float(learning_rate)
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], update: Mapping[str, torch.Tensor]) -> None:
+        """Move ``params`` in place along the aggregated update ``Δ``.
+
+        Parameters
+        ----------
+        params : dict of str to torch.Tensor
+            The global model's floating-point tensors (changed in place).
+        update : mapping of str to torch.Tensor
+            ``Δ`` per tensor, same names and shapes as ``params``.
+
+        Raises
+        ------
+        ValueError
+            If names or shapes differ, or a parameter is not floating point.
+        """
+        if set(update) != set(params):
+            raise ValueError(
+                f"update tensors {sorted(set(update) ^ set(params))[:5]} do not match the model"
+            )
+        for name, param in params.items():
+            delta = update[name]
+            if tuple(delta.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"tensor {name!r}: update shape {tuple(delta.shape)} != {tuple(param.shape)}"
+                )
+            if not param.is_floating_point():
+                raise ValueError(f"tensor {name!r}: server optimizers need float tensors")
+        self.steps += 1
+        for name, param in params.items():
+            delta = update[name].to(param.device, torch.float32)
+            direction = self._direction(name, delta)
+            param.add_(direction.to(param.dtype), alpha=self.learning_rate)
+
+    @abstractmethod
+    def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        """The step direction for one tensor (before the learning rate); updates state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state: kind, hyper-parameters, step count, per-tensor buffers."""
+        return {
+            "kind": self.kind,
+            "learning_rate": self.learning_rate,
+            "steps": self.steps,
+            "buffers": {
+                slot: {name: tensor.detach().cpu().clone() for name, tensor in tensors.items()}
+                for slot, tensors in self._buffers().items()
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (hyper-parameters are kept as built).
+
+        Raises
+        ------
+        ValueError
+            If the state is of another optimizer kind or has unknown buffer slots.
+        """
+        if state.get("kind") != self.kind:
+            raise ValueError(
+                f"checkpoint holds a {state.get('kind')!r} optimizer state, this is {self.kind!r}"
+            )
+        buffers = state.get("buffers", {})
+        own = self._buffers()
+        unknown = set(buffers) - set(own)
+        if unknown:
+            raise ValueError(f"{self.kind} optimizer has no state slots {sorted(unknown)}")
+        self.steps = int(state.get("steps", 0))
+        for slot, tensors in buffers.items():
+            own[slot].clear()
+            own[slot].update(
+                {
+                    name: tensor.detach().to(torch.float32).clone()
+                    for name, tensor in tensors.items()
+                }
+            )
+
+    def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Named per-tensor state slots (none for plain SGD)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(learning_rate={self.learning_rate})"
+
+
+class ServerSGD(ServerOptimizer):
+    """``x += η Δ`` (FedAvg / FedBuff / FedAsync)."""
+
+    kind = "sgd"
+
+    def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        return delta
+
+
+class ServerMomentum(ServerOptimizer):
+    """FedAvgM: ``v = β v + Δ``; ``x += η v`` (or ``η (Δ + β v)`` with Nesterov).
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η``, ``> 0``.
+    momentum : float
+        ``β``, in ``[0, 1)``.
+    nesterov : bool
+        Use the Nesterov look-ahead step.
+    """
+
+    kind = "momentum"
+
+    def __init__(
+        self, *, learning_rate: float = 1.0, momentum: float = 0.9, nesterov: bool = False
+    ) -> None:
+        super().__init__(learning_rate=learning_rate)
+        _check_unit_interval("server momentum", momentum)
+        self.momentum = float(momentum)
+        self.nesterov = nesterov
+        self._velocity: dict[str, torch.Tensor] = {}
+
+    def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        velocity = self._velocity.get(name)
+        if velocity is None:
+            velocity = delta.clone()
+        else:
+            velocity = velocity.to(delta.device).mul_(self.momentum).add_(delta)
+        self._velocity[name] = velocity
+        if self.nesterov:
+            return delta + self.momentum * velocity
+        return velocity
+
+    def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"velocity": self._velocity}
+
+
+class ServerAdam(ServerOptimizer):
+    """FedAdam: adaptive server steps from first and second moments of ``Δ``.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η``, ``> 0`` (FedAdam papers use 1e-2 .. 1e-1).
+    beta1, beta2 : float
+        Moment decay rates, in ``[0, 1)``.
+    tau : float
+        Adaptivity floor added to ``sqrt(v)``, ``> 0``.
+    bias_correction : bool
+        Scale ``η`` by ``sqrt(1 - β2^t) / (1 - β1^t)`` as Adam does (the FedAdam paper
+        does not).
+    """
+
+    kind = "adam"
+
+    def __init__(
+        self,
+        *,
+        learning_rate: float = 0.1,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        bias_correction: bool = False,
+    ) -> None:
+        super().__init__(learning_rate=learning_rate)
+        _check_unit_interval("server beta1", beta1)
+        _check_unit_interval("server beta2", beta2)
+        _check_finite_positive("server tau", tau)
+        self.beta1 = float(beta1)
+        self.beta2 = float(beta2)
+        self.tau = float(tau)
+        self.bias_correction = bias_correction
+        self._m: dict[str, torch.Tensor] = {}
+        self._v: dict[str, torch.Tensor] = {}
+
+    def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        m = self._m.get(name)
+        v = self._v.get(name)
+        m = torch.zeros_like(delta) if m is None else m.to(delta.device)
+        v = torch.zeros_like(delta) if v is None else v.to(delta.device)
+        m.mul_(self.beta1).add_(delta, alpha=1.0 - self.beta1)
+        v.mul_(self.beta2).addcmul_(delta, delta, value=1.0 - self.beta2)
+        self._m[name], self._v[name] = m, v
+        direction = m / (v.sqrt() + self.tau)
+        if self.bias_correction:
+            t = self.steps
+            direction = direction * (math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t))
+        return direction
+
+    def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"m": self._m, "v": self._v}
+
+
+SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
+    "sgd": ServerSGD,
+    "plain": ServerSGD,
+    "momentum": ServerMomentum,
+    "fedavgm": ServerMomentum,
+    "adam": ServerAdam,
+    "fedadam": ServerAdam,
+}
+"""Name (``server-optimizer`` run-config value) -> class."""
+
+
+def build_server_optimizer(
+    name: str,
+    *,
+    learning_rate: float = 1.0,
+    momentum: float = 0.9,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+) -> ServerOptimizer:
+    """Build a server optimizer by name, passing each only the arguments it takes.
+
+    Raises
+    ------
+    ValueError
+        If the name is unknown or a hyper-parameter is out of range.
+    """
+    cls = SERVER_OPTIMIZERS.get(name.strip().lower())
+    if cls is None:
+        raise ValueError(
+            f"unknown server optimizer {name!r}; known: {', '.join(sorted(SERVER_OPTIMIZERS))}"
+        )
+    if cls is ServerMomentum:
+        return ServerMomentum(learning_rate=learning_rate, momentum=momentum)
+    if cls is ServerAdam:
+        return ServerAdam(learning_rate=learning_rate, beta1=beta1, beta2=beta2, tau=tau)
+    return ServerSGD(learning_rate=learning_rate)

@@ -1,0 +1,202 @@
+"""The K-update buffer: exactly K, weighted scatter-add, validation before any change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedsync.aggregation import (
+    BufferFull,
+    BufferNotReady,
+    InvalidUpdate,
+    UpdateBuffer,
+    validate_update,
+)
+from fedsync.aggregation.buffer import Normalization
+from fedsync.updates import SparseTensor, TensorSpec
+
+SPECS = {"w": TensorSpec("w", (4, 3)), "b": TensorSpec("b", (5,))}
+
+
+def sparse(name: str, positions: list[int], values: list[float]) -> SparseTensor:
+    return SparseTensor(
+        SPECS[name],
+        torch.tensor(positions, dtype=torch.int64),
+        torch.tensor(values, dtype=torch.float32),
+    )
+
+
+def random_update(gen: torch.Generator) -> dict[str, SparseTensor]:
+    update = {}
+    for name, spec in SPECS.items():
+        keep = int(torch.randint(0, spec.numel + 1, (1,), generator=gen))
+        positions = torch.randperm(spec.numel, generator=gen)[:keep].sort().values
+        update[name] = SparseTensor(spec, positions, torch.randn(keep, generator=gen))
+    return update
+
+
+def dense_of(update: dict[str, SparseTensor]) -> dict[str, torch.Tensor]:
+    return {name: t.to_dense() for name, t in update.items()}
+
+
+def test_weighted_mean_by_count_and_by_weight() -> None:
+    u1 = {"w": sparse("w", [0, 5], [1.0, 2.0]), "b": sparse("b", [4], [3.0])}
+    u2 = {"w": sparse("w", [5, 11], [4.0, -1.0]), "b": sparse("b", [], [])}
+    cases: tuple[tuple[Normalization, float], ...] = (("count", 2.0), ("weight", 1.5))
+    for normalization, divisor in cases:
+        buffer = UpdateBuffer(SPECS, capacity=2, normalization=normalization)
+        buffer.add(u1, 0.5)
+        buffer.add(u2, 1.0)
+        result = buffer.take()
+        expected_w = torch.zeros(12)
+        expected_w[0], expected_w[5], expected_w[11] = 0.5, 0.5 * 2 + 4.0, -1.0
+        torch.testing.assert_close(result.update["w"], (expected_w / divisor).reshape(4, 3))
+        torch.testing.assert_close(result.update["b"], torch.tensor([0, 0, 0, 0, 1.5]) / divisor)
+        assert result.count == 2 and result.weight_sum == pytest.approx(1.5)
+
+
+def test_refuses_the_k_plus_first_update() -> None:
+    gen = torch.Generator().manual_seed(0)
+    buffer = UpdateBuffer(SPECS, capacity=3)
+    for expected in (1, 2, 3):
+        assert buffer.add(random_update(gen), 1.0) == expected
+    assert buffer.is_full
+    with pytest.raises(BufferFull):
+        buffer.add(random_update(gen), 1.0)
+    assert len(buffer) == 3  # the refused update left no trace
+    buffer.take()
+    assert len(buffer) == 0 and not buffer.is_full
+
+
+def test_take_before_k_raises() -> None:
+    buffer = UpdateBuffer(SPECS, capacity=2)
+    with pytest.raises(BufferNotReady):
+        buffer.take()
+    buffer.add(random_update(torch.Generator().manual_seed(1)), 1.0)
+    with pytest.raises(BufferNotReady, match="1 of K=2"):
+        buffer.take()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k=st.integers(1, 5),
+    arrivals=st.integers(0, 23),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_exactly_k_per_aggregation_in_any_arrival_order(
+    k: int, arrivals: int, seed: int, data: st.DataObject
+) -> None:
+    """Drive the buffer as the loop does (add, take when full) over a random order of
+    arrivals: every aggregation holds exactly K updates, never K+1, and equals the
+    dense weighted mean of exactly those K."""
+    gen = torch.Generator().manual_seed(seed)
+    updates = [random_update(gen) for _ in range(arrivals)]
+    weights = [float(w) for w in torch.rand(arrivals, generator=gen) + 0.1]
+    order = data.draw(st.permutations(range(arrivals)))
+    buffer = UpdateBuffer(SPECS, capacity=k, normalization="count")
+    window: list[int] = []
+    aggregations = 0
+    for index in order:
+        buffer.add(updates[index], weights[index])
+        window.append(index)
+        assert len(buffer) <= k
+        if buffer.is_full:
+            result = buffer.take()
+            assert result.count == k == len(window)
+            for name in SPECS:
+                expected = sum(weights[i] * dense_of(updates[i])[name] for i in window) / k
+                torch.testing.assert_close(result.update[name], expected, atol=1e-5, rtol=1e-5)
+            window.clear()
+            aggregations += 1
+    assert aggregations == arrivals // k
+    assert len(buffer) == arrivals % k
+
+
+def test_sum_does_not_depend_on_order() -> None:
+    gen = torch.Generator().manual_seed(3)
+    updates = [random_update(gen) for _ in range(4)]
+    results = []
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        buffer = UpdateBuffer(SPECS, capacity=4, normalization="weight")
+        for i in order:
+            buffer.add(updates[i], 1.0 + i)
+        results.append(buffer.take().update)
+    for name in SPECS:
+        torch.testing.assert_close(results[0][name], results[1][name])
+
+
+def test_add_never_densifies_an_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: SparseTensor) -> torch.Tensor:
+        raise AssertionError("the buffer densified an update")
+
+    monkeypatch.setattr(SparseTensor, "to_dense", refuse)
+    buffer = UpdateBuffer(SPECS, capacity=1)
+    buffer.add({"w": sparse("w", [1], [1.0]), "b": sparse("b", [0], [2.0])}, 1.0)
+    assert buffer.take().update["b"][0] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"w": sparse("w", [0], [1.0])}, "lacks model tensors"),
+        (
+            {"w": sparse("w", [0], [1.0]), "b": sparse("b", [0], [1.0]), "x": sparse("b", [], [])},
+            "does not",
+        ),
+        ({"w": sparse("w", [12], [1.0]), "b": sparse("b", [], [])}, "outside"),
+        ({"w": sparse("w", [3, 3], [1.0, 1.0]), "b": sparse("b", [], [])}, "strictly increasing"),
+        ({"w": sparse("w", [1, 0], [1.0, 1.0]), "b": sparse("b", [], [])}, "strictly increasing"),
+        ({"w": sparse("w", [0], [float("nan")]), "b": sparse("b", [], [])}, "NaN or Inf"),
+        ({"w": sparse("w", [0], [float("inf")]), "b": sparse("b", [], [])}, "NaN or Inf"),
+        ({"w": sparse("w", [0, 1], [1.0]), "b": sparse("b", [], [])}, "indices but"),
+        (
+            {
+                "w": SparseTensor(TensorSpec("w", (3, 4)), torch.tensor([0]), torch.tensor([1.0])),
+                "b": sparse("b", [], []),
+            },
+            "shape",
+        ),
+        (
+            {
+                "w": SparseTensor(
+                    SPECS["w"], torch.tensor([0]), torch.tensor([1.0], dtype=torch.float64)
+                ),
+                "b": sparse("b", [], []),
+            },
+            "float32",
+        ),
+    ],
+)
+def test_invalid_updates_leave_the_buffer_untouched(update: dict, message: str) -> None:
+    buffer = UpdateBuffer(SPECS, capacity=2)
+    good = {"w": sparse("w", [2], [1.0]), "b": sparse("b", [1], [1.0])}
+    buffer.add(good, 1.0)
+    with pytest.raises(InvalidUpdate, match=message):
+        buffer.add(update, 1.0)
+    with pytest.raises(InvalidUpdate, match=message):
+        validate_update(update, SPECS)
+    assert len(buffer) == 1
+    buffer.add(good, 1.0)
+    result = buffer.take()
+    assert float(result.update["w"].sum()) == pytest.approx(1.0)
+
+
+def test_bad_weights_and_arguments() -> None:
+    buffer = UpdateBuffer(SPECS, capacity=1)
+    update = {"w": sparse("w", [], []), "b": sparse("b", [], [])}
+    for weight in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="weight"):
+            buffer.add(update, weight)
+    with pytest.raises(ValueError, match="capacity"):
+        UpdateBuffer(SPECS, capacity=0)
+    with pytest.raises(ValueError, match="normalization"):
+        UpdateBuffer(SPECS, capacity=1, normalization="mean")  # type: ignore[arg-type]
+
+
+def test_zero_weights_move_nowhere() -> None:
+    buffer = UpdateBuffer(SPECS, capacity=1, normalization="weight")
+    buffer.add({"w": sparse("w", [0], [5.0]), "b": sparse("b", [], [])}, 0.0)
+    assert float(buffer.take().update["w"].abs().sum()) == 0.0
