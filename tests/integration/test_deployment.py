@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.deploy import LocalDeployment
+from fedsync.reports import read_events
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -41,3 +42,45 @@ def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
     accuracies = [r["accuracy"] for r in summary["rounds"]]
     assert accuracies[-1] > accuracies[0] + 0.2
     assert summary["rounds"][-1]["bytes_up"] > 0
+
+
+def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
+    """The asynchronous loop on the wall clock, against real SuperNodes over gRPC."""
+    results = tmp_path / "results"
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    deployment = LocalDeployment(tmp_path / "run", nodes)
+    deployment.start()
+    pids = deployment.pids()
+    try:
+        outcome = deployment.run_app(
+            project_root,
+            {
+                "strategy": "teasq",
+                "clock": "wall",
+                "concurrency": 3,
+                "buffer-size": 2,
+                "max-aggregations": 6,
+                "eval-every": 3,
+                "min-nodes": 3,
+                "local-epochs": 2,
+                "results-dir": str(results),
+                "run-name": "teasq",
+            },
+            timeout=480,
+        )
+    finally:
+        deployment.stop()
+    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
+    assert live_group_members(pids) == []
+
+    summary = json.loads((results / "teasq" / "summary.json").read_text())
+    assert summary["strategy"] == "teasq"
+    assert summary["aggregations"] == 6
+    assert summary["aggregated_updates"] == 12  # exactly K=2 per aggregation
+    assert summary["errors_total"] == 0
+    evaluations = [
+        e for e in read_events(results / "teasq" / "events.jsonl") if e["event"] == "evaluation"
+    ]
+    assert evaluations[-1]["accuracy"] > evaluations[0]["accuracy"] + 0.2
+    # Compressed both ways: far fewer bytes than the dense float32 model per task.
+    assert summary["total_bytes_up"] < summary["total_bytes_down"]
