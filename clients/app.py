@@ -2,7 +2,10 @@
 
 The same code serves Flower's simulation engine and a deployed SuperNode: the node's
 partition (``partition-id``, ``num-partitions``) and its torch device (``device``) come
-from the node config, everything else from the run config.
+from the node config, everything else from the run config. Optional node config:
+``state-dir`` keeps the codec's error-feedback state on disk across SuperNode restarts
+(:mod:`clients.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
+updates, for testing deployments only (:mod:`clients.faults`).
 
 Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
 

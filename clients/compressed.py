@@ -10,7 +10,10 @@ and sends a full model next time, instead of this node training from a wrong one
 The uplink is ``local model - start model``, compressed with the task's codec spec (its
 density and bit width may change from task to task); the codec's sender memory (error
 feedback residual, step counter) lives in ``context.state`` too, so the update mass a
-task did not send goes out with a later one.
+task did not send goes out with a later one. A restarted SuperNode has an empty
+``context.state``; with node config ``state-dir`` the memory is also kept on disk and
+picked up from there (:mod:`clients.state_store`). Node config ``fault`` turns the node
+into a faulty one for deployment tests (:mod:`clients.faults`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from clients.faults import FaultInjector
 from clients.runtime import ClientRuntime, LocalTraining
+from clients.state_store import CodecStateStore
 from fedsync import protocol
 from fedsync.codec import UpdateCodec, array_to_payload, payload_to_array
-from fedsync.records import get_str
+from fedsync.persist import JOB_KEY
+from fedsync.records import get_int, get_str
 from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec, densify
 
@@ -33,6 +39,8 @@ CODEC_STATE = "fedsync-codec-state"
 """``context.state`` record: the uplink codec's sender memory (residuals, step)."""
 DOWNLINK_BASE = "fedsync-downlink-base"
 """``context.state`` record: the model this node decoded from its last downlink."""
+FAULT_COUNTER = "fedsync-faults"
+"""``context.state`` record: compressed tasks seen, to cycle injected fault kinds."""
 
 
 class MissingDownlinkBase(ValueError):
@@ -62,13 +70,7 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
 
     trained = model_state(model)
     delta = {name: trained[name].float() - start[name].float() for name in specs}
-    codec = UpdateCodec(
-        get_str(config, protocol.UPLINK_CODEC),
-        seed=runtime.settings.seed * 100_003 + runtime.partition_id,
-    )
-    _load_codec_state(codec, context)
-    uplink = codec.encode(delta)
-    _save_codec_state(codec, context)
+    uplink = _encode_uplink(delta, config, context, runtime)
 
     metrics = MetricRecord(
         {
@@ -86,6 +88,28 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
         }
     )
     return Message(content=content, reply_to=msg)
+
+
+def _encode_uplink(
+    delta: Mapping[str, torch.Tensor],
+    config: Mapping[str, object],
+    context: Context,
+    runtime: ClientRuntime,
+) -> bytes:
+    """Compress ``delta`` with this node's error-feedback memory and keep the memory."""
+    spec = get_str(config, protocol.UPLINK_CODEC)
+    codec = UpdateCodec(spec, seed=runtime.settings.seed * 100_003 + runtime.partition_id)
+    # The job a resumed server run continues (an older server: this run alone).
+    job = get_str(config, JOB_KEY, "") or f"run-{context.run_id}"
+    store = CodecStateStore.from_node_config(
+        runtime.node_config, job=job, partition_id=runtime.partition_id
+    )
+    specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
+    _load_codec_state(codec, context, store, specs)
+    uplink = codec.encode(delta)
+    version = get_int(config, protocol.MODEL_VERSION, -1)
+    _save_codec_state(codec, context, store, f"v{version}/{get_int(config, protocol.TASK_SEED, 0)}")
+    return _maybe_corrupt(uplink, delta, spec, config, context, runtime)
 
 
 def _apply_downlink(
@@ -113,14 +137,54 @@ def _apply_downlink(
     return start
 
 
-def _load_codec_state(codec: UpdateCodec, context: Context) -> None:
+def _load_codec_state(
+    codec: UpdateCodec,
+    context: Context,
+    store: CodecStateStore | None,
+    specs: Mapping[str, TensorSpec],
+) -> None:
+    """Give ``codec`` this node's sender memory: ``context.state`` first, then disk."""
     record = context.state.array_records.get(CODEC_STATE)
-    if record is not None:
+    if record is not None:  # the fast path: same SuperNode process, same run
         codec.load_state({key: record[key].numpy() for key in record})
+        return
+    persisted = store.load(specs) if store is not None else None
+    if persisted is not None:  # a fresh context: a restarted SuperNode or a resumed job
+        codec.load_state(persisted)
 
 
-def _save_codec_state(codec: UpdateCodec, context: Context) -> None:
+def _save_codec_state(
+    codec: UpdateCodec, context: Context, store: CodecStateStore | None, task: str
+) -> None:
+    """Keep the codec's memory after an encode: disk first, then ``context.state``.
+
+    Disk first: if the write fails the task fails, and ``context.state`` (kept by
+    Flower even when the ClientApp raises) still holds the memory from before this
+    update, which was then never sent -- consistent either way.
+    """
     state: dict[str, np.ndarray] = codec.to_state()
+    if store is not None:
+        store.save(state, task=task)
     context.state.array_records[CODEC_STATE] = ArrayRecord(
         {key: Array(value) for key, value in state.items()}
     )
+
+
+def _maybe_corrupt(
+    uplink: bytes,
+    delta: Mapping[str, torch.Tensor],
+    spec: str,
+    config: Mapping[str, object],
+    context: Context,
+    runtime: ClientRuntime,
+) -> bytes:
+    """Replace the honest uplink when node config ``fault`` asks (deployment tests only)."""
+    injector = FaultInjector.from_node_config(runtime.node_config)
+    if injector is None:
+        return uplink
+    counter = context.state.config_records.get(FAULT_COUNTER, ConfigRecord({"tasks": 0}))
+    index = get_int(counter, "tasks", 0)
+    context.state.config_records[FAULT_COUNTER] = ConfigRecord({"tasks": index + 1})
+    seed = get_int(config, protocol.TASK_SEED, 0)
+    kind = injector.pick(index, seed)
+    return injector.corrupt(kind, uplink, delta, spec, seed) if kind else uplink

@@ -29,8 +29,14 @@ The message a ClientApp receives (names in :mod:`fedsync.protocol`):
 and must reply with ``UPLINK`` ArrayRecord ``PAYLOAD`` (the encoded delta: local model
 minus the start model it decoded, error feedback applied on the client) and
 ``METRICS`` (``num-examples``, ``num-steps``, ``train-loss``, ``compute-seconds``,
-``uplink-bytes``). Replies that do not decode, do not fit the model or carry NaN/Inf
-are rejected and counted; the global model is never touched by them.
+``uplink-bytes``). Replies that do not decode, do not fit the model, carry NaN/Inf or
+have an absurd L2 norm (:mod:`server.update_guard`) are rejected and counted; the global
+model is never touched by them. The CONFIG also names the training job
+(:data:`fedsync.persist.JOB_KEY`), which nodes key their persisted codec state by.
+
+Every ``checkpoint-every`` aggregations the loop hands an :class:`AsyncCheckpoint` to
+``checkpoint_fn``; :func:`run_async_strategy` writes them with
+:class:`server.checkpoint.CheckpointStore` and resumes from them (``resume=true``).
 
 Before the first task the loop sends each node one QUERY message (CONFIG
 ``fedsync-probe = 1``) and expects METRICS ``partition-id`` (from the node config) back:
@@ -43,6 +49,8 @@ after the others by node id.
 from __future__ import annotations
 
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -66,6 +74,7 @@ from flwr.serverapp import Grid
 
 from fedsync import protocol
 from fedsync.aggregation import (
+    DeviceState,
     InvalidUpdate,
     TaskScheduler,
     UpdateBuffer,
@@ -81,9 +90,18 @@ from fedsync.aggregation.downlink import (
 from fedsync.aggregation.progress import RunTally
 from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
 from fedsync.clock.fleet import Assignment
+from fedsync.persist import JOB_KEY
 from fedsync.reports import RunRecorder, plot_run
 from fedsync.updates import SparseUpdate, TensorSpec
+from server.checkpoint import (
+    AsyncCheckpoint,
+    CheckpointSettings,
+    check_fits,
+    restore_tally,
+    tally_state,
+)
 from server.probe import probe_partitions
+from server.update_guard import UpdateNormGuard, update_norm
 
 __all__ = [
     "CONFIG_DOCS",
@@ -101,6 +119,7 @@ EvaluateFn = Callable[[dict[str, torch.Tensor]], dict[str, float]]
 ERROR_NAMES = {
     2: "clientapp-exception",
     3: "ttl-expired",
+    4: "reply-expired",
     5: "node-unavailable",
     8: "clientapp-crashed",
 }
@@ -110,34 +129,14 @@ _TTL_GRACE_S = 10.0
 """Extra real seconds past a task's TTL before the loop stops waiting for its reply
 (Flower normally answers an expired task with error code 3 itself)."""
 
-_NODE_REFRESH_S = 30.0
-"""How often (real seconds) the wall-clock loop looks for SuperNodes that joined."""
+_NODE_REFRESH_S = 10.0
+"""How often (real seconds) the wall-clock loop looks for SuperNodes that joined or
+came back (one cheap ``get_node_ids`` call)."""
 
-
-@dataclass
-class AsyncCheckpoint:
-    """What a restarted run needs to continue: model, optimizer state, counters.
-
-    Attributes
-    ----------
-    version : int
-        Global model version (aggregations so far).
-    global_state : dict of str to torch.Tensor
-        The global model (every tensor of the state dict).
-    optimizer_state : dict
-        :meth:`~fedsync.aggregation.ServerOptimizer.state_dict`.
-    sim_time : float
-        Clock time reached; reported times of a resumed run continue from it.
-    bytes_up, bytes_down : int
-        Traffic so far.
-    """
-
-    version: int
-    global_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any]
-    sim_time: float = 0.0
-    bytes_up: int = 0
-    bytes_down: int = 0
+_GONE_FAILURES = ("node-unavailable",)
+"""Failures that mean the node left: the SuperLink marked it offline (missed
+heartbeats). A device given up for them is taken back when it is online again: with
+SuperNode authentication a restarted node keeps its node id (FLOWER.md)."""
 
 
 @dataclass
@@ -199,7 +198,9 @@ def run_async(
     codec_factory: CodecFactory | None = None,
     clock: Clock | None = None,
     resume: AsyncCheckpoint | None = None,
-    checkpoint_fn: Callable[[AsyncCheckpoint], None] | None = None,
+    checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
+    checkpoint_every: int = 0,
+    norm_guard: UpdateNormGuard | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> AsyncResult:
     """Run TEASQ-Fed, FedBuff or FedAsync over the Grid until a stop condition.
@@ -224,9 +225,15 @@ def run_async(
     clock : Clock, optional
         Overrides the clock the ``clock`` setting would build (tests).
     resume : AsyncCheckpoint, optional
-        Continue from a checkpoint (model, optimizer state, version, traffic).
+        Continue from a checkpoint (model, optimizer state, version, counters, job).
     checkpoint_fn : callable, optional
-        Called with an :class:`AsyncCheckpoint` after every central evaluation.
+        Called with an :class:`AsyncCheckpoint` every ``checkpoint_every``
+        aggregations and at the end; with ``checkpoint_every = 0``, after every
+        central evaluation instead.
+    checkpoint_every : int
+        Aggregations between checkpoints (0: at evaluations, see above).
+    norm_guard : UpdateNormGuard, optional
+        Rejects updates of absurd L2 norm; none: no norm check.
     sleep : callable
         How to wait between empty pulls (tests pass a no-op).
 
@@ -246,6 +253,8 @@ def run_async(
         clock=clock,
         resume=resume,
         checkpoint_fn=checkpoint_fn,
+        checkpoint_every=checkpoint_every,
+        norm_guard=norm_guard,
         sleep=sleep,
     )
     return loop.run()
@@ -258,15 +267,36 @@ def run_async_strategy(
 
     ``evaluator`` is a ``server.evaluation.CentralEvaluator`` (``initial_state()`` and
     ``__call__(state)``); ``settings`` is unused beyond what the run config holds.
+    Checkpoints and resuming follow the run config (:mod:`server.checkpoint`), the
+    norm check too (:mod:`server.update_guard`).
     """
+    run_config = context.run_config
+    persistence = CheckpointSettings.from_run_config(run_config)
+    store = persistence.store(recorder.folder)
+    initial = evaluator.initial_state()
+    found = persistence.find_resume(store, run_name=str(run_config.get("run-name", "")))
+    resume = None
+    if found is not None:
+        path, resume = found
+        check_fits(resume, initial)
+        recorder.events.write("resume", checkpoint=str(path), version=resume.version)
     result = run_async(
         grid,
         context,
         recorder=recorder,
-        global_state=evaluator.initial_state(),
+        global_state=initial,
         evaluate_fn=evaluator,
-        config=AsyncConfig.from_run_config(context.run_config),
+        config=AsyncConfig.from_run_config(run_config),
+        resume=resume,
+        checkpoint_fn=store.save if persistence.every > 0 else None,
+        checkpoint_every=persistence.every,
+        norm_guard=UpdateNormGuard.from_run_config(run_config),
     )
+    result.summary["checkpoints"] = {
+        "every": persistence.every,
+        "folder": str(store.folder) if persistence.every > 0 else None,
+        "resumed_from": str(found[0]) if found is not None else None,
+    }
     return result.summary
 
 
@@ -304,7 +334,9 @@ class AsyncLoop:
         codec_factory: CodecFactory,
         clock: Clock | None = None,
         resume: AsyncCheckpoint | None = None,
-        checkpoint_fn: Callable[[AsyncCheckpoint], None] | None = None,
+        checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
+        checkpoint_every: int = 0,
+        norm_guard: UpdateNormGuard | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.grid = grid
@@ -312,6 +344,8 @@ class AsyncLoop:
         self.recorder = recorder
         self.evaluate_fn = evaluate_fn
         self.checkpoint_fn = checkpoint_fn
+        self.checkpoint_every = checkpoint_every
+        self.norm_guard = norm_guard
         self._sleep = sleep
         self._clock_override = clock
         # --- what the policy needs ---
@@ -354,11 +388,24 @@ class AsyncLoop:
         )
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.target_accuracy)
-        if resume is not None:
-            self.tally.bytes_up, self.tally.bytes_down = resume.bytes_up, resume.bytes_down
+        self.rejections: Counter[str] = Counter()
+        """Rejected replies by what was wrong (decode error class, invalid, norm)."""
         self.tasks: dict[str, _Task] = {}
         self._by_message: dict[str, str] = {}
         self._task_counter = 0
+        # --- continuity across a server restart (see server.checkpoint) ---
+        self.resumed = resume
+        self.job_id = uuid.uuid4().hex[:16]
+        self._wall_before = 0.0
+        self._last_checkpoint_version = -1
+        if resume is not None:
+            self.tally.bytes_up, self.tally.bytes_down = resume.bytes_up, resume.bytes_down
+            restore_tally(self.tally, resume.tally)
+            # Task ids and seeds go on instead of repeating; max-tasks counts the job.
+            self._task_counter = resume.tasks_dispatched
+            self.job_id = resume.job_id or self.job_id
+            self._wall_before = resume.wall_time
+            self._last_checkpoint_version = resume.version
         self._max_tasks = config.max_tasks or (
             20 * config.max_aggregations * self.policy.buffer_size + self.policy.concurrency
         )
@@ -543,6 +590,7 @@ class AsyncLoop:
             protocol.UPLINK_CODEC: uplink_spec,
             protocol.DOWNLINK_KIND: downlink_kind,
             protocol.TASK_SEED: _task_seed(config.seed, number),
+            JOB_KEY: self.job_id,
         }
         return ConfigRecord(values)
 
@@ -667,6 +715,36 @@ class AsyncLoop:
                     sim_time=self._sim_now(),
                 )
                 self.clock.wake(node_id)
+            elif self._came_back(node_id):
+                self.recorder.events.write(
+                    "node-returned",
+                    node=node_id,
+                    device=self.device_of[node_id],
+                    sim_time=self._sim_now(),
+                )
+                log(INFO, "[fedsync] node %d is back online; it gets work again", node_id)
+                self.clock.wake(node_id)
+
+    def _online(self, node_id: int) -> bool:
+        try:
+            return node_id in {int(n) for n in self.grid.get_node_ids()}
+        except Exception:  # a flaky SuperLink connection: assume nothing
+            return True
+
+    def _came_back(self, node_id: int) -> bool:
+        """Take back a device given up because it had left, now that it is online.
+
+        A device given up for bad replies or crashes while online stays out. (The
+        scheduler has no transition out of RETIRED; this is that transition.)
+        """
+        stats = self.scheduler.devices[node_id]
+        if stats.state is not DeviceState.RETIRED:
+            return False
+        if not stats.last_failure.startswith(_GONE_FAILURES):
+            return False
+        stats.state = DeviceState.IDLE
+        stats.consecutive_failures = 0
+        return True
 
     # --- events -------------------------------------------------------------------------------
     def _handle(self, event: ClockEvent) -> None:
@@ -706,6 +784,10 @@ class AsyncLoop:
         if update is None:
             self._reject(task, event, why)
             return
+        norm = update_norm(update) if self.norm_guard is not None else 0.0
+        if self.norm_guard is not None and (why := self.norm_guard.check(norm)):
+            self._reject(task, event, why, kind="norm")
+            return
         if not self.policy.accepts(staleness):
             self.tally.drops["stale"] += 1
             self.recorder.events.write(
@@ -724,6 +806,8 @@ class AsyncLoop:
         examples = int(task.metrics.get(protocol.NUM_EXAMPLES, 0))
         weight = self.policy.weight(staleness, examples)
         self.buffer.add(update, weight)
+        if self.norm_guard is not None:
+            self.norm_guard.accept(norm)
         self.tally.aggregated += 1
         self.tally.staleness[staleness] += 1
         self.scheduler.finish(node_id)
@@ -746,15 +830,18 @@ class AsyncLoop:
             return None, f"invalid update: {err}"
         return dict(update), ""
 
-    def _reject(self, task: _Task, event: ClockEvent, why: str) -> None:
+    def _reject(self, task: _Task, event: ClockEvent, why: str, kind: str = "") -> None:
         self.tally.drops["rejected"] += 1
+        self.rejections[kind or _rejection_kind(why)] += 1
         retired = self.scheduler.fail(task.node_id, f"rejected: {why}")
+        log(WARNING, "[fedsync] rejected %s from node %d: %s", task.task_id, task.node_id, why)
         self.recorder.events.write(
             "drop",
             task=task.task_id,
             node=task.node_id,
             device=self.device_of[task.node_id],
             reason="rejected",
+            rejection=kind or _rejection_kind(why),
             detail=why[:500],
             gave_up=retired,
             sim_time=self._sim(event.time),
@@ -767,6 +854,12 @@ class AsyncLoop:
         kind = event.reason.split(":", 1)[0].split(" (", 1)[0] or "error"
         self.tally.errors[kind] += 1
         retired = self.scheduler.fail(task.node_id, event.reason)
+        if not retired and kind in _GONE_FAILURES and not self._online(task.node_id):
+            # The SuperLink has marked the node offline: every retry would hold a slot
+            # only to fail the same way. Give it up now; _refresh_nodes takes it back
+            # when it is online again.
+            self.scheduler.retire(task.node_id, event.reason)
+            retired = True
         self.recorder.events.write(
             "error",
             task=task.task_id,
@@ -826,6 +919,9 @@ class AsyncLoop:
         )
         if self.version % self.config.eval_every == 0:
             self._evaluate()
+        if self.checkpoint_every and self.version % self.checkpoint_every == 0:
+            # Right after an aggregation the buffer is empty: nothing cached is lost.
+            self._save_checkpoint()
 
     def _evaluate(self) -> None:
         metrics = self.evaluate_fn(self.state)
@@ -846,10 +942,28 @@ class AsyncLoop:
             self.tally.bytes_up,
             self.tally.bytes_down,
         )
-        if self.checkpoint_fn is not None:
-            self.checkpoint_fn(self._checkpoint())
+        if not self.checkpoint_every:
+            self._save_checkpoint()
+
+    def _save_checkpoint(self) -> None:
+        if self.checkpoint_fn is None:
+            return
+        checkpoint = self._checkpoint()
+        try:
+            self.checkpoint_fn(checkpoint)
+        except Exception as err:  # a full disk must not end a long run; say so loudly
+            log(WARNING, "[fedsync] checkpoint at v%d failed: %s", self.version, err)
+            self.recorder.events.write(
+                "checkpoint-failed", version=self.version, error=f"{type(err).__name__}: {err}"
+            )
+            return
+        self._last_checkpoint_version = self.version
+        self.recorder.events.write(
+            "checkpoint", version=self.version, tasks=self._task_counter, sim_time=self._sim_now()
+        )
 
     def _checkpoint(self) -> AsyncCheckpoint:
+        earlier = self.resumed.evaluations if self.resumed is not None else []
         return AsyncCheckpoint(
             self.version,
             {k: v.clone() for k, v in self.state.items()},
@@ -857,10 +971,24 @@ class AsyncLoop:
             self._sim_now(),
             self.tally.bytes_up,
             self.tally.bytes_down,
+            tasks_dispatched=self._task_counter,
+            tally=tally_state(self.tally),
+            evaluations=[dict(e) for e in (*earlier, *self.tally.evaluations)],
+            job_id=self.job_id,
+            wall_time=self._wall_before + time.monotonic() - self._wall_start,
+            meta={
+                "strategy": self.policy.name,
+                "config": self.config.as_run_config(),
+                "buffered_updates": len(self.buffer),
+            },
         )
 
     # --- the end ------------------------------------------------------------------------------
     def _finish(self) -> AsyncResult:
+        if self.checkpoint_every and self._last_checkpoint_version != self.version:
+            # The end state, for extending a finished run (resume with more aggregations);
+            # its cached updates are counted as discarded below, as they are.
+            self._save_checkpoint()
         discarded = len(self.buffer)
         self.buffer.clear()
         summary: dict[str, Any] = {
@@ -872,6 +1000,18 @@ class AsyncLoop:
             **self.tally.summary(),
             "updates_discarded_at_end": discarded,
             "tasks_in_flight_at_end": len(self.tasks),
+            "rejections": dict(sorted(self.rejections.items())),
+            "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
+            "job": self.job_id,
+            "resumed_from": (
+                {
+                    "version": self.resumed.version,
+                    "wall_time_before": round(self._wall_before, 3),
+                    "evaluations_before": self.resumed.evaluations,
+                }
+                if self.resumed is not None
+                else None
+            ),
             "clock": self.clock.describe(),
             "fleet": self.fleet.spec.name,
             "policy": {
@@ -947,6 +1087,15 @@ class AsyncLoop:
 
     def _sim(self, time_: float) -> float:
         return round(time_ + self._time_offset, 6)
+
+
+def _rejection_kind(why: str) -> str:
+    """A short class for a rejection reason: ``decode:<Error>``, ``invalid``, ..."""
+    if why.startswith("decode failed: "):
+        return "decode:" + why.removeprefix("decode failed: ").split(":", 1)[0]
+    if why.startswith("invalid update"):
+        return "invalid"
+    return "malformed"
 
 
 def _task_seed(seed: int, number: int) -> int:

@@ -23,6 +23,7 @@ import torch
 
 from fedsync.aggregation.validation import validate_update
 from fedsync.updates import SparseTensor, TensorSpec
+from kernels.triton import scatter_add_
 
 __all__ = ["BufferFull", "BufferNotReady", "BufferedAggregate", "UpdateBuffer"]
 
@@ -152,9 +153,10 @@ class UpdateBuffer:
                 continue
             indices = tensor.indices.to(self.device)
             values = tensor.values.to(self.device, dtype=torch.float32)
-            # Indices are validated sorted and unique: index_add_ is then an exact,
-            # deterministic per-coordinate sum.
-            self._sums[name].index_add_(0, indices, values, alpha=weight)
+            # Indices are validated sorted and unique: the scatter-add is then an exact,
+            # deterministic per-coordinate sum (Triton on CUDA, index_add_ elsewhere,
+            # bit-identical; see kernels.triton.scatter).
+            scatter_add_(self._sums[name], indices, values, weight)
         self._count += 1
         self._weight_sum += float(weight)
         return self._count

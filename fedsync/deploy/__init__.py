@@ -1,5 +1,32 @@
-"""Real Flower deployments: a SuperLink and SuperNodes over gRPC, managed by process id."""
+"""Real Flower deployments: a SuperLink and SuperNodes over gRPC, managed by process id.
 
-from fedsync.deploy.local import DeploymentError, LocalDeployment, LocalSuperLink, RunOutcome
+Secure by default (TLS, SuperNode authentication); optionally each SuperNode in its own
+network namespace behind a rate-limited link (:mod:`fedsync.deploy.netns`).
+"""
 
-__all__ = ["DeploymentError", "LocalDeployment", "LocalSuperLink", "RunOutcome"]
+from fedsync.deploy.auth import NodeKey, RegistrationError, generate_node_key
+from fedsync.deploy.local import (
+    DeploymentError,
+    InsecureDeploymentWarning,
+    LocalDeployment,
+    LocalSuperLink,
+    RunOutcome,
+)
+from fedsync.deploy.netns import LinkShape, NetnsUnavailable, ShapedNetwork
+from fedsync.deploy.tls import TlsFiles, generate_certificates
+
+__all__ = [
+    "DeploymentError",
+    "InsecureDeploymentWarning",
+    "LinkShape",
+    "LocalDeployment",
+    "LocalSuperLink",
+    "NetnsUnavailable",
+    "NodeKey",
+    "RegistrationError",
+    "RunOutcome",
+    "ShapedNetwork",
+    "TlsFiles",
+    "generate_certificates",
+    "generate_node_key",
+]

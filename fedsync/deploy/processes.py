@@ -3,6 +3,12 @@
 Each process is started in its own session (process group), so stopping it also stops
 what it spawned (a SuperNode's ``flwr-clientapp`` children, a SuperLink's
 ``flwr-serverapp``). Stopping is SIGTERM to the group, a grace period, then SIGKILL.
+
+Flower's log lines carry no time. With ``timestamps=True`` a process's output goes
+through a pipe and a relay thread writes each line to the log prefixed with the Unix
+time it was read (``1763741234.123 INFO : Receiving: train message ...``): that is how
+a SuperNode's receive / ClientApp / send phases of every task are measured
+(:func:`read_timestamped_log`).
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +61,8 @@ class ManagedProcess:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    relay: threading.Thread | None = None
+    """The thread that timestamps the output into the log (``timestamps=True``)."""
 
     @property
     def pid(self) -> int:
@@ -73,6 +83,7 @@ class ManagedProcess:
         _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+        self._join_relay()
         return self.popen.poll()
 
     def kill(self) -> None:
@@ -80,6 +91,12 @@ class ManagedProcess:
         _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+        self._join_relay()
+
+    def _join_relay(self) -> None:
+        # The relay ends at end-of-file, once every process holding the pipe is gone.
+        if self.relay is not None:
+            self.relay.join(timeout=5)
 
 
 def start_process(
@@ -89,20 +106,63 @@ def start_process(
     log_path: Path,
     env: Mapping[str, str],
     cwd: Path | None = None,
+    timestamps: bool = False,
 ) -> ManagedProcess:
-    """Start ``command`` in a new session with stdout and stderr in ``log_path``."""
+    """Start ``command`` in a new session with stdout and stderr in ``log_path``.
+
+    With ``timestamps`` every line is prefixed with the Unix time it was read (see the
+    module docstring); otherwise the process writes to the log file directly.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log_file:
-        popen = subprocess.Popen(
-            list(command),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
-    return ManagedProcess(name=name, popen=popen, log_path=log_path)
+    if not timestamps:
+        with log_path.open("ab") as log_file:
+            popen = subprocess.Popen(
+                list(command),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        return ManagedProcess(name=name, popen=popen, log_path=log_path)
+    popen = subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    assert popen.stdout is not None
+    relay = threading.Thread(
+        target=_relay_lines, args=(popen.stdout, log_path), name=f"log-{name}", daemon=True
+    )
+    relay.start()
+    return ManagedProcess(name=name, popen=popen, log_path=log_path, relay=relay)
+
+
+def _relay_lines(stream: IO[bytes], log_path: Path) -> None:
+    with stream, log_path.open("ab") as log_file:
+        for line in stream:
+            log_file.write(f"{time.time():.3f} ".encode() + line)
+            log_file.flush()
+
+
+def read_timestamped_log(path: Path) -> Iterator[tuple[float, str]]:
+    """``(unix time, line)`` for each line of a log written with ``timestamps=True``.
+
+    Lines without a time prefix (written by something else) are skipped.
+    """
+    with path.open(encoding="utf-8", errors="replace") as file:
+        for raw in file:
+            stamp, _, text = raw.partition(" ")
+            try:
+                when = float(stamp)
+            except ValueError:
+                continue
+            yield when, text.rstrip("\n")
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

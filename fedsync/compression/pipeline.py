@@ -1,0 +1,243 @@
+"""A sparsifier followed by a quantizer, per tensor and per update, and its inverse.
+
+:class:`Pipeline` is the stateless compressor: ``compress`` turns one flat float32
+tensor into the :class:`~fedsync.updates.CompressedTensor` the wire format packs,
+``decompress`` checks a received one against the same configuration and rebuilds the
+:class:`~fedsync.updates.SparseTensor` the server aggregates. Error feedback
+(:mod:`fedsync.compression.error_feedback`) wraps a pipeline; so may anything else
+that follows the :class:`Compressor` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedsync.compression.base import Quantizer, Sparsifier
+from fedsync.compression.config import BuildContext, PipelineConfig
+from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFiniteUpdate
+from fedsync.compression.seeding import derive_seed
+from fedsync.updates import CompressedTensor, SparseTensor, SparseUpdate, TensorSpec
+from kernels.dispatch import backend_for
+
+__all__ = [
+    "DTYPE_NAMES",
+    "Compressed",
+    "Compressor",
+    "Pipeline",
+    "build_pipeline",
+    "flatten",
+]
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+}
+"""Dense dtypes an update may hold, and their names in :class:`TensorSpec`."""
+
+
+def flatten(name: str, tensor: torch.Tensor) -> tuple[TensorSpec, torch.Tensor]:
+    """The tensor's spec and its values as a 1-d contiguous float32 tensor.
+
+    No copy when the tensor already is contiguous float32 (the result is then a view:
+    compressors read it, never write it).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"update entry {name!r} must be a torch.Tensor, got {type(tensor).__name__}"
+        )
+    dtype = DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(
+            f"update entry {name!r} has dtype {tensor.dtype}; only floating tensors "
+            f"({', '.join(DTYPE_NAMES.values())}) can be compressed"
+        )
+    spec = TensorSpec(name, tuple(int(d) for d in tensor.shape), dtype)
+    return spec, tensor.detach().reshape(-1).to(torch.float32).contiguous()
+
+
+@dataclass
+class Compressed:
+    """One compressed tensor plus what the sender needs to know what it sent.
+
+    Attributes
+    ----------
+    tensor : CompressedTensor
+        What goes to the wire.
+    positions : torch.Tensor or None
+        Where the values belong (int64, on the input's device); ``None`` for all.
+    device : torch.device
+        The input's device.
+    """
+
+    tensor: CompressedTensor
+    positions: torch.Tensor | None
+    device: torch.device
+
+
+class Compressor(Protocol):
+    """Anything that compresses one flat tensor and can say what the receiver gets."""
+
+    def compress(self, spec: TensorSpec, x: torch.Tensor, seed: int) -> Compressed:
+        """Compress the 1-d float32 ``x`` described by ``spec``."""
+        ...
+
+    def sent(self, compressed: Compressed) -> torch.Tensor:
+        """The float32 values the receiver will decode, on the input's device."""
+        ...
+
+
+class Pipeline:
+    """Sparsify, then quantize; stateless across calls (but see ``sparsifier.state``).
+
+    Parameters
+    ----------
+    sparsifier : Sparsifier
+    quantizer : Quantizer
+    """
+
+    def __init__(self, sparsifier: Sparsifier, quantizer: Quantizer) -> None:
+        if not isinstance(sparsifier, Sparsifier):
+            raise TypeError(f"sparsifier must be a Sparsifier, got {type(sparsifier).__name__}")
+        if not isinstance(quantizer, Quantizer):
+            raise TypeError(f"quantizer must be a Quantizer, got {type(quantizer).__name__}")
+        self.sparsifier = sparsifier
+        self.quantizer = quantizer
+
+    # -- sender ------------------------------------------------------------------------
+
+    def compress(self, spec: TensorSpec, x: torch.Tensor, seed: int) -> Compressed:
+        """Compress ``x`` (1-d float32 of ``spec.numel`` values) with this call's seed.
+
+        Raises
+        ------
+        NonFiniteInputError
+            If a value that would be sent is NaN or Inf.
+        """
+        kept = self.sparsifier.select(spec.name, x, derive_seed(seed, spec.name, "sparsify"))
+        values = kept.values
+        if values.numel() and not backend_for(values).all_finite(values):
+            raise NonFiniteInputError(f"tensor {spec.name!r} holds NaN or Inf")
+        q = self.quantizer.quantize(values, derive_seed(seed, spec.name, "quantize"))
+        indices = None
+        if kept.mode == "explicit":
+            assert kept.positions is not None
+            indices = kept.positions.to("cpu", torch.int64).numpy()
+        return Compressed(CompressedTensor(spec, kept.mode, indices, q), kept.positions, x.device)
+
+    def sent(self, compressed: Compressed) -> torch.Tensor:
+        """What the receiver decodes from ``compressed`` (same function it runs)."""
+        return self.quantizer.decode(compressed.tensor.values, compressed.device)
+
+    def compress_update(
+        self, update: Mapping[str, torch.Tensor], seed: int = 0
+    ) -> list[CompressedTensor]:
+        """Compress every tensor of ``update`` (any float dtype, any device)."""
+        out = []
+        for name, tensor in update.items():
+            spec, flat = flatten(name, tensor)
+            out.append(self.compress(spec, flat, seed).tensor)
+        return out
+
+    # -- receiver ----------------------------------------------------------------------
+
+    def decompress(
+        self, tensor: CompressedTensor, device: torch.device | str = "cpu"
+    ) -> SparseTensor:
+        """Check ``tensor`` against this pipeline and rebuild its sparse form.
+
+        Raises
+        ------
+        CodecMismatch
+            Index mode, count, scheme, bits, params or codes that this pipeline would
+            not produce.
+        NonFiniteUpdate
+            A decoded value (or param) that is NaN or Inf.
+        """
+        spec = tensor.spec
+        label = repr(spec.name)
+        mode = self.sparsifier.index_mode(spec)
+        if tensor.index_mode != mode:
+            raise CodecMismatch(
+                "index mode differs from the codec's",
+                field="index mode",
+                tensor=label,
+                expected=mode,
+                got=tensor.index_mode,
+            )
+        count = len(tensor.values)
+        if mode == "explicit":
+            if tensor.indices is None or len(tensor.indices) != count:
+                raise CodecMismatch(
+                    "explicit positions missing or not one per value", field="indices", tensor=label
+                )
+            positions = np.asarray(tensor.indices, dtype=np.int64)
+            if count and (
+                positions[0] < 0
+                or positions[-1] >= spec.numel
+                or bool((np.diff(positions) <= 0).any())
+            ):
+                raise CodecMismatch(
+                    "positions not increasing within the tensor", field="indices", tensor=label
+                )
+            bound = self.sparsifier.max_count(spec)
+            if count > bound:
+                raise CodecMismatch(
+                    "more values than the codec's sparsifier sends",
+                    field="value count",
+                    tensor=label,
+                    expected=f"<= {bound}",
+                    got=count,
+                )
+        elif mode == "dense":
+            if count != spec.numel:
+                raise CodecMismatch(
+                    "a dense tensor needs one value per element",
+                    field="value count",
+                    tensor=label,
+                    expected=spec.numel,
+                    got=count,
+                )
+            positions = None
+        else:
+            try:
+                shared = self.sparsifier.max_count(spec)
+            except ValueError as exc:  # an explicit mask of another shape
+                raise CodecMismatch(str(exc), field="shape", tensor=label) from exc
+            if count != shared:
+                raise CodecMismatch(
+                    "value count differs from the shared mask's",
+                    field="value count",
+                    tensor=label,
+                    expected=shared,
+                    got=count,
+                )
+            positions = self.sparsifier.mask_positions(spec)
+        device = torch.device(device)
+        values = self.quantizer.dequantize(tensor.values, device, tensor=spec.name)
+        if values.numel() and not backend_for(values).all_finite(values):
+            raise NonFiniteUpdate("decoded values hold NaN or Inf", tensor=label)
+        if positions is None:
+            index = torch.arange(spec.numel, dtype=torch.int64, device=device)
+        else:
+            index = torch.from_numpy(positions).to(device)
+        return SparseTensor(spec, index, values.to(torch.float32))
+
+    def decompress_update(
+        self, tensors: list[CompressedTensor], device: torch.device | str = "cpu"
+    ) -> SparseUpdate:
+        """:meth:`decompress` every tensor, by name."""
+        return {t.spec.name: self.decompress(t, device) for t in tensors}
+
+
+def build_pipeline(config: PipelineConfig, context: BuildContext | None = None) -> Pipeline:
+    """The (stateless) pipeline of ``config``; error feedback is wrapped separately."""
+    context = context or BuildContext()
+    assert config.sparsifier is not None and config.quantizer is not None
+    return Pipeline(config.sparsifier.build(context), config.quantizer.build(context))

@@ -1,0 +1,31 @@
+"""Quantizers: how kept values become fixed-width codes (one module per method)."""
+
+from fedsync.compression.quantizers.floats import (
+    BF16,
+    FP16,
+    FP32,
+    Bf16Config,
+    Fp16Config,
+    Fp32Config,
+)
+from fedsync.compression.quantizers.qsgd import QSGD, QSGDConfig
+from fedsync.compression.quantizers.sign import Sign, SignConfig
+from fedsync.compression.quantizers.ternary import Ternary, TernaryConfig
+from fedsync.compression.quantizers.uniform import Uniform, UniformConfig
+
+__all__ = [
+    "BF16",
+    "FP16",
+    "FP32",
+    "QSGD",
+    "Bf16Config",
+    "Fp16Config",
+    "Fp32Config",
+    "QSGDConfig",
+    "Sign",
+    "SignConfig",
+    "Ternary",
+    "TernaryConfig",
+    "Uniform",
+    "UniformConfig",
+]

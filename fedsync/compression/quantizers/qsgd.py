@@ -1,0 +1,128 @@
+"""QSGD (Alistarh et al., 2017): stochastic rounding to ``s`` levels of the norm.
+
+Per chunk (QSGD's "bucket") of kept values with L2 norm ``||v||``, a value becomes a
+level ``l`` in ``0..s`` with ``E[l] = s |v| / ||v||`` (round down or up at random, the
+probability of rounding up being the fractional part) and its sign; it comes back as
+``sign * l * ||v|| / s``. Unbiased, and within ``||v|| / s`` of the input.
+
+Code layout: ``code = 2 * l + (v < 0)``; ``bits = 1 + bit_length(s)``. The norms travel
+as the float32 param ``"norm"``, one per chunk. The uniforms come from a numpy
+generator on the host (seeded per tensor), so a CPU and a GPU run of the same spec
+and seed round the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedsync.compression.base import Quantizer
+from fedsync.compression.config import BuildContext, QuantizerConfig, check_range
+from fedsync.compression.errors import SpecError
+from fedsync.compression.registry import register
+from fedsync.compression.seeding import rng_for
+from fedsync.updates import QuantizedValues
+
+__all__ = ["QSGD", "QSGDConfig"]
+
+_MAX_LEVELS = (1 << 15) - 1  # 16-bit codes at most
+
+
+@register()
+@dataclass(frozen=True)
+class QSGDConfig(QuantizerConfig):
+    """``qsgd:<levels>[,chunk=<n>]``.
+
+    Parameters
+    ----------
+    levels : int
+        ``s``, the number of non-zero levels, 1 to 32767.
+    chunk : int
+        Kept values per norm (QSGD's bucket size); smaller buckets lower the variance.
+    """
+
+    name: ClassVar[str] = "qsgd"
+    primary: ClassVar[str | None] = "levels"
+    levels: int = 16
+    chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.levels, int):
+            raise SpecError(f"qsgd: levels must be an int, got {self.levels!r}")
+        check_range("qsgd", "levels", self.levels, 1, _MAX_LEVELS)
+        if not isinstance(self.chunk, int) or self.chunk < 1:
+            raise SpecError(f"qsgd: chunk must be an int >= 1, got {self.chunk!r}")
+
+    def with_bits(self, bits: int) -> QSGDConfig:
+        """``s = 2**(bits - 1) - 1`` levels: one bit is the sign."""
+        if not isinstance(bits, int) or not 2 <= bits <= 16:
+            raise SpecError(f"qsgd: bits must be an int in 2..16 (one is the sign), got {bits!r}")
+        return dataclasses.replace(self, levels=(1 << (bits - 1)) - 1)
+
+    def build(self, context: BuildContext) -> QSGD:
+        return QSGD(self)
+
+
+def _chunk_norms(values: torch.Tensor, chunk: int) -> torch.Tensor:
+    """L2 norm per chunk, summed in float64 and rounded once to float32."""
+    n = values.numel()
+    nchunks = -(-n // chunk)
+    padded = torch.zeros(nchunks * chunk, dtype=torch.float64, device=values.device)
+    padded[:n] = values.double()
+    return padded.view(nchunks, chunk).pow(2).sum(dim=1).sqrt().float()
+
+
+class QSGD(Quantizer):
+    """Unbiased stochastic quantizer to ``s`` levels of each chunk's norm."""
+
+    scheme = "qsgd"
+    unbiased = True
+    config: QSGDConfig
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.config.levels.bit_length()
+
+    def _owner(self, n: int, device: torch.device) -> torch.Tensor:
+        return torch.arange(n, device=device) // self.config.chunk
+
+    def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
+        v = values.detach()
+        n = v.numel()
+        s = self.config.levels
+        norms = _chunk_norms(v, self.config.chunk)
+        norm = norms[self._owner(n, v.device)]
+        u = rng_for(seed, "qsgd").random(n, dtype=np.float32)
+        safe = torch.where(norm > 0, norm, torch.ones_like(norm))
+        scaled = v.abs() / safe * s
+        level = torch.floor(scaled + torch.from_numpy(u).to(v.device)).clamp_(0, s)
+        code = level.to(torch.int32) * 2 + (v < 0).to(torch.int32)
+        dtype = np.uint8 if self.bits <= 8 else np.uint16
+        return QuantizedValues(
+            self.scheme, self.bits, code.cpu().numpy().astype(dtype), {"norm": norms.cpu().numpy()}
+        )
+
+    def param_lengths(self, count: int) -> dict[str, int]:
+        return {"norm": -(-count // self.config.chunk)}
+
+    def check_codes(self, codes: np.ndarray) -> str | None:
+        if codes.size and int(codes.max()) >> 1 > self.config.levels:
+            return f"a level above s={self.config.levels}"
+        return None
+
+    def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
+        codes = torch.from_numpy(np.asarray(q.codes).astype(np.int32)).to(device)
+        norms = torch.from_numpy(np.asarray(q.params["norm"], dtype=np.float32)).to(device)
+        step = (norms / self.config.levels)[self._owner(codes.numel(), device)]
+        sign = 1.0 - 2.0 * (codes & 1).to(torch.float32)
+        return (codes >> 1).to(torch.float32) * step * sign
+
+    def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:
+        norms = torch.from_numpy(np.asarray(q.params["norm"])).to(values.device)
+        norm = norms[self._owner(values.numel(), values.device)]
+        # One level step, plus float32 rounding of the few ops involved.
+        return norm / self.config.levels * (1 + 2.0**-18) + 1e-38

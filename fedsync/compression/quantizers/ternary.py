@@ -1,0 +1,77 @@
+"""Ternary (TernGrad, Wen et al., 2017): {-1, 0, +1} times ``max |v|``, unbiased.
+
+A value ``v`` becomes ``sign(v) * b`` with ``b ~ Bernoulli(|v| / max|v|)`` and comes back
+as ``sign(v) * b * max|v|``, so ``E = v``; the error is at most ``max |v|``. Codes: 0 for
+zero, 1 for ``+1``, 2 for ``-1`` (3 is invalid), 2 bits each; ``max |v|`` travels as the
+param ``"scale"``. TernGrad's optional gradient clipping is left to the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from fedsync.compression.base import Quantizer
+from fedsync.compression.config import BuildContext, QuantizerConfig
+from fedsync.compression.registry import register
+from fedsync.compression.seeding import rng_for
+from fedsync.updates import QuantizedValues
+
+__all__ = ["Ternary", "TernaryConfig"]
+
+
+@register()
+@dataclass(frozen=True)
+class TernaryConfig(QuantizerConfig):
+    """``ternary``: 2 bits per value plus one scale per tensor."""
+
+    name: ClassVar[str] = "ternary"
+
+    def build(self, context: BuildContext) -> Ternary:
+        return Ternary(self)
+
+
+class Ternary(Quantizer):
+    """Stochastic {-1, 0, +1} * max|v|."""
+
+    scheme = "ternary"
+    unbiased = True
+
+    @property
+    def bits(self) -> int:
+        return 2
+
+    def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
+        v = values.detach()
+        n = v.numel()
+        scale = float(v.abs().max()) if n else 0.0
+        u = torch.from_numpy(rng_for(seed, "ternary").random(n, dtype=np.float32)).to(v.device)
+        if scale > 0:
+            keep = u < v.abs() / scale
+        else:
+            keep = torch.zeros(n, dtype=torch.bool, device=v.device)
+        codes = torch.where(keep, torch.where(v < 0, 2, 1), 0).to(torch.uint8)
+        return QuantizedValues(
+            self.scheme, 2, codes.cpu().numpy(), {"scale": np.array([scale], dtype=np.float32)}
+        )
+
+    def param_lengths(self, count: int) -> dict[str, int]:
+        return {"scale": 1}
+
+    def check_codes(self, codes: np.ndarray) -> str | None:
+        if codes.size and int(codes.max()) > 2:
+            return "code 3 is not a ternary value (0, +1, -1 are 0, 1, 2)"
+        return None
+
+    def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
+        scale = float(np.float32(q.params["scale"][0]))
+        table = torch.tensor([0.0, scale, -scale], dtype=torch.float32, device=device)
+        codes = torch.from_numpy(np.asarray(q.codes).astype(np.int64)).to(device)
+        return table[codes]
+
+    def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:
+        scale = float(q.params["scale"][0])
+        return torch.full_like(values, scale * (1 + 2.0**-22))

@@ -1,0 +1,24 @@
+"""Sparsifiers: which entries of a tensor travel (one module per method)."""
+
+from fedsync.compression.sparsifiers.dense import Dense, DenseConfig
+from fedsync.compression.sparsifiers.dgc import DGC, DGCConfig
+from fedsync.compression.sparsifiers.mask import FixedMask, MaskConfig, mask_digest
+from fedsync.compression.sparsifiers.randomk import RandomK, RandomKConfig
+from fedsync.compression.sparsifiers.sidco import SIDCo, SIDCoConfig
+from fedsync.compression.sparsifiers.topk import TopK, TopKConfig
+
+__all__ = [
+    "DGC",
+    "DGCConfig",
+    "Dense",
+    "DenseConfig",
+    "FixedMask",
+    "MaskConfig",
+    "RandomK",
+    "RandomKConfig",
+    "SIDCo",
+    "SIDCoConfig",
+    "TopK",
+    "TopKConfig",
+    "mask_digest",
+]

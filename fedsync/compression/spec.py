@@ -1,0 +1,205 @@
+"""The spec grammar: a short string that names a whole compressor pipeline.
+
+Grammar
+-------
+::
+
+    spec   := stage ("+" stage)*         at most one of each kind, in the order
+                                          sparsifier, quantizer, feedback
+    stage  := name [":" args]
+    args   := arg ("," arg)*
+    arg    := value | key "=" value       a bare value (first only) sets the stage's
+                                          primary field (density, bits, levels)
+    name, key := [a-z][a-z0-9_]*          case-insensitive, whitespace ignored
+    value  := [A-Za-z0-9_.-]+             int, float, bool (true/false/on/off/1/0)
+                                          or a word, by the field's type
+
+A missing sparsifier means ``none`` (dense), a missing quantizer ``fp32``; ``none``
+in the quantizer slot is ``fp32``. Examples::
+
+    topk:0.01+uniform:8+ef
+    dgc:0.001,sample=0.01+qsgd:16+ef:momentum=0.9
+    sidco:0.01,dist=gpd+sign+ef
+    none+fp16
+    mask:0.1,seed=3+uniform:4
+
+The canonical form (what :func:`format_spec` writes and the frame carries) names the
+sparsifier and the quantizer always, the primary value always, other keys only when
+they differ from their defaults, in field order; floats as Python's shortest
+round-trip ``repr``. ``format_spec(parse_spec(s))`` is idempotent and
+``parse_spec(format_spec(c)) == c``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from typing import Any
+
+from fedsync.compression.config import STAGE_ORDER, PipelineConfig, StageConfig, StageKind
+from fedsync.compression.errors import SpecError
+from fedsync.compression.registry import REGISTRY
+
+__all__ = ["format_spec", "format_stage", "parse_spec", "parse_stage"]
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
+_TRUE = {"true", "on", "yes", "1"}
+_FALSE = {"false", "off", "no", "0"}
+
+
+def _field_types(cls: type[StageConfig]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
+    """Turn ``text`` into a value of the field's annotated type."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        if text.lower() == "none" and type(None) in args:
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    try:
+        if annotation is bool:
+            low = text.lower()
+            if low in _TRUE | _FALSE:
+                return low in _TRUE
+            raise ValueError
+        if annotation is int:
+            return int(text)
+        if annotation is float:
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        if annotation is str:
+            return text.lower()
+    except ValueError:
+        pass
+    kind = getattr(annotation, "__name__", str(annotation))
+    raise SpecError(f"{stage}: {key} must be {kind}, got {text!r}")
+
+
+def parse_stage(text: str, kind: StageKind) -> StageConfig:
+    """Parse one stage (``"uniform:4,chunk=256"``) of the given kind."""
+    head, sep, tail = text.partition(":")
+    name = head.strip().lower()
+    cls = REGISTRY.lookup(name, kind)
+    types_ = _field_types(cls)
+    values: dict[str, Any] = {}
+    if sep:
+        args = [a.strip() for a in tail.split(",")]
+        for position, arg in enumerate(args):
+            if not arg:
+                raise SpecError(f"{name}: empty argument in {text.strip()!r}")
+            key, eq, value = arg.partition("=")
+            if not eq:
+                if position != 0 or cls.primary is None:
+                    takes = (
+                        f"only its first argument bare ({cls.primary})"
+                        if cls.primary
+                        else "no bare argument"
+                    )
+                    raise SpecError(
+                        f"{name}: bare value {arg!r}: {name} takes {takes}; use key=value "
+                        f"with keys: {', '.join(types_) or '(none)'}"
+                    )
+                key, value = cls.primary, arg
+            key, value = key.strip().lower(), value.strip()
+            if key not in types_:
+                raise SpecError(
+                    f"{name}: unknown key {key!r}; valid keys: {', '.join(types_) or '(none)'}"
+                )
+            if key in values:
+                raise SpecError(f"{name}: {key} given twice")
+            if not _VALUE.match(value):
+                raise SpecError(f"{name}: {key} has a malformed value {value!r}")
+            values[key] = _convert(name, key, value, types_[key])
+    try:
+        return cls(**values)
+    except SpecError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{name}: {exc}") from exc
+
+
+def parse_spec(spec: str) -> PipelineConfig:
+    """Parse a spec string into a :class:`PipelineConfig`.
+
+    Raises
+    ------
+    SpecError
+        For an empty or malformed string, an unknown stage, key or value, a stage out
+        of order or repeated; the message lists what is valid.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"empty compressor spec; valid stages: {REGISTRY.describe()}")
+    found: dict[StageKind, StageConfig] = {}
+    slot = 0
+    for raw in spec.split("+"):
+        text = raw.strip()
+        if not text:
+            raise SpecError(f"empty stage in spec {spec!r} (stages are joined by '+')")
+        name = text.partition(":")[0].strip().lower()
+        if not _NAME.match(name):
+            raise SpecError(f"malformed stage name {name!r} in spec {spec!r}")
+        kind = next((k for k in STAGE_ORDER[slot:] if REGISTRY.find(name, k) is not None), None)
+        if kind is None:
+            earlier = [k for k in STAGE_ORDER[:slot] if REGISTRY.find(name, k) is not None]
+            if earlier:
+                raise SpecError(
+                    f"stage {name!r} ({earlier[0]}) is repeated or out of order in {spec!r}; "
+                    f"the order is {' + '.join(STAGE_ORDER)}"
+                )
+            raise SpecError(f"unknown stage {name!r} in spec {spec!r}; {REGISTRY.describe()}")
+        found[kind] = parse_stage(text, kind)
+        slot = STAGE_ORDER.index(kind) + 1
+    return PipelineConfig(
+        sparsifier=found.get("sparsifier"),  # type: ignore[arg-type]
+        quantizer=found.get("quantizer"),  # type: ignore[arg-type]
+        feedback=found.get("feedback"),  # type: ignore[arg-type]
+    )
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def format_stage(config: StageConfig) -> str:
+    """One stage in canonical form: primary value, then non-default keys in order."""
+    parts: list[str] = []
+    primary = type(config).primary
+    types_ = _field_types(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and float
+            in (
+                types_[f.name],
+                *typing.get_args(types_[f.name]),
+            )
+        ):
+            value = float(value)  # a typed config may hold 1 where the spec says 1.0
+        if f.name == primary:
+            if value is not None:
+                parts.insert(0, _format_value(value))
+            continue
+        if value is None or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        parts.append(f"{f.name}={_format_value(value)}")
+    return config.name + (":" + ",".join(parts) if parts else "")
+
+
+def format_spec(config: PipelineConfig) -> str:
+    """The canonical spec string of ``config``."""
+    return config.to_spec()

@@ -1,0 +1,207 @@
+"""Where a deployed task's time goes: the server's event log joined with SuperNode logs.
+
+The ServerApp's event log (``events.jsonl``, wall clock) gives each task's dispatch,
+its arrival and round trip (``sim_duration``), its bytes and the ClientApp's own
+training time (``wall_compute_s``). A SuperNode started with timestamped logs
+(:func:`fedsync.deploy.processes.start_process`) adds when it pulled the message
+(``Receiving``), had all of it (``Received successfully``), began sending the reply
+(``Sending``) and was done (``Sent successfully``). Together::
+
+    round trip = outside + download + clientapp + upload
+    outside    = the SuperNode's polling wait (it asks every ~3 s) + the server's pull lag
+    download   = pulling the message's objects over the link (``Receiving`` -> ``Received``)
+    clientapp  = a fresh ``flwr-clientapp`` process: start, imports, data, *training*,
+                 encoding, and the SuperNode's 0.5 s wait for the reply
+    upload     = pushing the reply over the link (``Sending`` -> ``Sent``)
+
+A SuperNode handles one message at a time, so its k-th train message is the k-th task
+dispatched to it (the server sends each device one task at a time).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsync.deploy.processes import read_timestamped_log
+from fedsync.reports import read_events
+
+__all__ = [
+    "NodeMessage",
+    "TaskTiming",
+    "parse_supernode_log",
+    "summarize",
+    "summarize_by_node",
+    "task_timings",
+]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NODE_ID = re.compile(r"SuperNode ID: (\d+)")
+_RECEIVING = re.compile(r"Receiving: (\w+) message")
+_SENDING = re.compile(r"Sending: (\w+) message")
+
+
+@dataclass
+class NodeMessage:
+    """One message as a SuperNode handled it (Unix times from its timestamped log)."""
+
+    kind: str
+    receiving: float
+    received: float | None = None
+    sending: float | None = None
+    sent: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether all four moments were logged."""
+        return None not in (self.received, self.sending, self.sent)
+
+
+def parse_supernode_log(path: Path) -> tuple[int | None, list[NodeMessage]]:
+    """The node id and the messages of one SuperNode's timestamped log, in order."""
+    node_id: int | None = None
+    messages: list[NodeMessage] = []
+    for when, raw in read_timestamped_log(path):
+        line = _ANSI.sub("", raw)
+        if (match := _NODE_ID.search(line)) is not None:
+            node_id = int(match.group(1))
+        elif (match := _RECEIVING.search(line)) is not None:
+            messages.append(NodeMessage(match.group(1), when))
+        elif messages and "Received successfully" in line:
+            messages[-1].received = when
+        elif messages and _SENDING.search(line) is not None:
+            messages[-1].sending = when
+        elif messages and "Sent successfully" in line:
+            messages[-1].sent = when
+    return node_id, messages
+
+
+@dataclass(frozen=True)
+class TaskTiming:
+    """One completed task, its time split into phases (seconds) and its bytes."""
+
+    task: str
+    node_index: int
+    node_id: int
+    round_trip_s: float
+    outside_s: float
+    download_s: float
+    clientapp_s: float
+    compute_s: float
+    upload_s: float
+    bytes_down: int
+    bytes_up: int
+    examples: int = 0
+    """The node's training examples (``num-examples`` of the reply)."""
+
+    @property
+    def clientapp_overhead_s(self) -> float:
+        """ClientApp time that is not training: process start, imports, data, codec."""
+        return self.clientapp_s - self.compute_s
+
+    def as_dict(self) -> dict[str, Any]:
+        """For a JSON report (rounded to milliseconds)."""
+        return {
+            "task": self.task,
+            "node_index": self.node_index,
+            "node_id": self.node_id,
+            "round_trip_s": round(self.round_trip_s, 3),
+            "outside_s": round(self.outside_s, 3),
+            "download_s": round(self.download_s, 3),
+            "clientapp_s": round(self.clientapp_s, 3),
+            "compute_s": round(self.compute_s, 3),
+            "clientapp_overhead_s": round(self.clientapp_overhead_s, 3),
+            "upload_s": round(self.upload_s, 3),
+            "bytes_down": self.bytes_down,
+            "bytes_up": self.bytes_up,
+            "examples": self.examples,
+        }
+
+
+def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[TaskTiming]:
+    """Join the event log with SuperNode ``i``'s log (``supernode_logs[i]``).
+
+    Tasks that did not arrive (errors, drops) and messages whose phases are not all
+    logged are left out.
+    """
+    events = list(read_events(events_path))
+    dispatched: dict[int, list[str]] = {}
+    for event in events:
+        if event["event"] == "dispatch":
+            dispatched.setdefault(int(event["node"]), []).append(str(event["task"]))
+    arrivals = {str(e["task"]): e for e in events if e["event"] == "arrival"}
+    timings: list[TaskTiming] = []
+    for index, log_path in enumerate(supernode_logs):
+        node_id, messages = parse_supernode_log(log_path)
+        if node_id is None:
+            continue
+        trains = [m for m in messages if m.kind == "train"]
+        for task_id, message in zip(dispatched.get(node_id, []), trains, strict=False):
+            arrival = arrivals.get(task_id)
+            if arrival is None or not message.complete:
+                continue
+            assert message.received is not None and message.sending is not None
+            assert message.sent is not None
+            round_trip = float(arrival["sim_duration"])
+            busy = message.sent - message.receiving
+            timings.append(
+                TaskTiming(
+                    task=task_id,
+                    node_index=index,
+                    node_id=node_id,
+                    round_trip_s=round_trip,
+                    outside_s=round_trip - busy,
+                    download_s=message.received - message.receiving,
+                    clientapp_s=message.sending - message.received,
+                    compute_s=float(arrival.get("wall_compute_s") or 0.0),
+                    upload_s=message.sent - message.sending,
+                    bytes_down=int(arrival["bytes_down"]),
+                    bytes_up=int(arrival["bytes_up"]),
+                    examples=int(arrival.get("num_examples") or 0),
+                )
+            )
+    return timings
+
+
+_PHASES = (
+    "round_trip_s",
+    "outside_s",
+    "download_s",
+    "clientapp_s",
+    "compute_s",
+    "clientapp_overhead_s",
+    "upload_s",
+)
+
+
+def summarize(timings: Iterable[TaskTiming]) -> dict[str, Any]:
+    """Per phase: mean, median, min and max over the tasks; plus counts and bytes."""
+    rows = [t.as_dict() for t in timings]
+    if not rows:
+        return {"tasks": 0}
+    summary: dict[str, Any] = {
+        "tasks": len(rows),
+        "bytes_down": sum(r["bytes_down"] for r in rows),
+        "bytes_up": sum(r["bytes_up"] for r in rows),
+    }
+    for phase in _PHASES:
+        values = [float(r[phase]) for r in rows]
+        summary[phase] = {
+            "mean": round(statistics.fmean(values), 3),
+            "median": round(statistics.median(values), 3),
+            "min": round(min(values), 3),
+            "max": round(max(values), 3),
+        }
+    return summary
+
+
+def summarize_by_node(timings: Sequence[TaskTiming]) -> dict[int, dict[str, Any]]:
+    """:func:`summarize` per SuperNode index."""
+    grouped: dict[int, list[TaskTiming]] = {}
+    for timing in timings:
+        grouped.setdefault(timing.node_index, []).append(timing)
+    return {index: summarize(rows) for index, rows in sorted(grouped.items())}

@@ -1,0 +1,80 @@
+"""Real links: three SuperNodes in their own network namespaces on 1, 5 and 20 Mbit/s.
+
+Each SuperNode runs behind a veth pair shaped with ``tbf`` both ways; the SuperLink
+(TLS, node authentication) listens on the host end of the first link. A small
+asynchronous run on the wall clock completes, and ``links.json`` in the run's results
+folder holds the bytes that crossed each link and every task's phases. The app bundle
+(FAB) that each node downloads on its first message shows the shaping: its download
+takes at least ``size / rate``. Skips where ``ip netns`` is not permitted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fedsync.deploy.links import run_over_links
+from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
+from tests.integration.conftest import live_group_members
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+RATES_MBIT = (1.0, 5.0, 20.0)
+
+
+@pytest.fixture
+def _namespaces_allowed() -> None:
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(f"shaped links need network namespaces: {reason}")
+
+
+@pytest.mark.usefixtures("_namespaces_allowed")
+def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path) -> None:
+    run = run_over_links(
+        tmp_path,
+        project_root,
+        {
+            "strategy": "teasq",
+            "concurrency": 3,
+            "buffer-size": 2,
+            "max-aggregations": 3,
+            "eval-every": 3,
+            "local-epochs": 1,
+            "plots": False,
+        },
+        [LinkShape.symmetric(rate) for rate in RATES_MBIT],
+        timeout=240,
+    )
+    # Everything started is gone: processes and namespaces.
+    assert live_group_members(run.pids) == []
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    report = json.loads((run.results / "links.json").read_text())
+    assert all(link["namespace"] not in namespaces for link in report["links"])
+
+    assert run.outcome.completed, f"{run.outcome.status} {run.outcome.details}"
+    assert run.summary["aggregations"] == 3
+
+    fab = report["fab_bytes"]
+    assert fab and fab > 10_000
+    fab_seconds = []
+    for link, rate in zip(report["links"], RATES_MBIT, strict=True):
+        assert link["shape"] == {"uplink_mbit": rate, "downlink_mbit": rate}
+        assert link["node_id"] == run.node_ids[link["index"]]
+        summary = link["summary"]
+        assert summary["tasks"] >= 1
+        # The wire carries at least the payloads (plus TLS, gRPC, the FAB, polling).
+        assert link["wire"]["downlink_bytes"] >= summary["bytes_down"] + fab
+        assert link["wire"]["uplink_bytes"] >= summary["bytes_up"]
+        for task in link["tasks"]:
+            assert task["round_trip_s"] > task["clientapp_s"] > 0.0
+            assert task["download_s"] > 0.0 and task["upload_s"] > 0.0
+            assert task["download_s"] >= 0.8 * task["bytes_down"] * 8 / (rate * 1e6)
+        # Shaping works: the FAB cannot arrive faster than its size over the link's rate.
+        first = link["first_message"]
+        assert first["download_s"] >= 0.9 * fab * 8 / (rate * 1e6)
+        fab_seconds.append(first["download_s"])
+    assert fab_seconds[0] > 3 * fab_seconds[2]

@@ -1,0 +1,269 @@
+"""Soak: many SuperNodes for minutes; memory must level off and no update may be lost.
+
+``FEDSYNC_SOAK_NODES`` (default 16) SuperNodes, authenticated over TLS as deployed,
+run ``strategy=teasq clock=wall`` for ``FEDSYNC_SOAK_MINUTES`` (default 3.5) minutes
+of wall time. A sampler thread reads, every two seconds from ``/proc``, the resident
+memory of the SuperLink, of the ServerApp (``flwr-serverapp``, below the SuperLink's
+SuperExec) and of every SuperNode's process group (the node, its SuperExec and the
+ClientApp process of the task it runs).
+
+It asserts that
+
+* the ServerApp and the SuperLink do not keep growing: the median RSS of the last
+  third of the run is within 15 % of the middle third's (the first third is start-up:
+  imports, data, the first tasks);
+* no update is lost: every arrival in the event log was aggregated, still cached at
+  the end, or dropped for a counted reason; every task dispatched arrived, failed
+  (counted) or was still in flight at the end;
+
+and writes the series and the counts to ``<tmp>/results/soak/soak.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedsync.deploy import LocalDeployment
+from fedsync.reports import read_events
+from tests.integration.conftest import live_group_members
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+NODES = int(os.environ.get("FEDSYNC_SOAK_NODES", "16"))
+MINUTES = float(os.environ.get("FEDSYNC_SOAK_MINUTES", "3.5"))
+GROWTH_LIMIT = 0.15
+
+
+# --- /proc -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Proc:
+    """One live process as ``/proc`` shows it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    rss_mb: float
+    command: str
+
+
+def processes() -> dict[int, Proc]:
+    """Every live process, read in one pass over ``/proc`` (zombies have no RSS: 0)."""
+    found: dict[int, Proc] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        rss = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0
+        )
+        found[int(entry.name)] = Proc(
+            int(entry.name), int(fields[1]), int(fields[2]), rss / 1024.0, command
+        )
+    return found
+
+
+@dataclass
+class Sampler:
+    """Samples, on a thread, the RSS of the SuperLink, the ServerApp, and each SuperNode
+    group (split into the node's own processes and its ClientApp of the moment)."""
+
+    link_pid: int
+    node_pids: list[int]
+    interval: float = 2.0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.samples.append(self.sample())
+
+    def sample(self) -> dict[str, Any]:
+        table = processes()
+        serverapp = [
+            p
+            for p in table.values()
+            if "flwr-serverapp" in p.command and self._below_link(p, table)
+        ]
+        resident, clientapps = [], []
+        for node in self.node_pids:
+            group = [p for p in table.values() if p.pgid == node]
+            resident.append(sum(p.rss_mb for p in group if "flwr-clientapp" not in p.command))
+            clientapps += [p.rss_mb for p in group if "flwr-clientapp" in p.command]
+        link = table.get(self.link_pid)
+        return {
+            "t": round(time.monotonic() - self._t0, 2),
+            "superlink_mb": round(link.rss_mb, 1) if link else None,
+            "serverapp_mb": round(serverapp[0].rss_mb, 1) if serverapp else None,
+            "supernode_mb": [round(mb, 1) for mb in resident],
+            "clientapp_mb": [round(mb, 1) for mb in clientapps],
+        }
+
+    def _below_link(self, proc: Proc, table: dict[int, Proc]) -> bool:
+        while proc.ppid in table:
+            if proc.ppid == self.link_pid:
+                return True
+            proc = table[proc.ppid]
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def thirds(series: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """Medians of the first, middle and last third (by time) of ``(t, value)`` pairs."""
+    start, end = series[0][0], series[-1][0]
+    span = (end - start) / 3.0
+    parts: list[list[float]] = [[], [], []]
+    for t, value in series:
+        parts[min(2, int((t - start) / span))].append(value)
+    medians = [statistics.median(part) for part in parts]
+    return medians[0], medians[1], medians[2]
+
+
+# --- the soak ----------------------------------------------------------------------------------
+def test_soak(tmp_path: Path, project_root: Path) -> None:
+    results = tmp_path / "results"
+    nodes = [
+        {"partition-id": i, "num-partitions": NODES, "state-dir": str(tmp_path / f"state-{i}")}
+        for i in range(NODES)
+    ]
+    deployment = LocalDeployment(tmp_path / "run", nodes)
+    started = time.monotonic()
+    deployment.start()
+    start_seconds = time.monotonic() - started
+    pids = deployment.pids()
+    assert deployment.link.process is not None
+    sampler = Sampler(deployment.link.process.pid, pids[:-1])
+    try:
+        outcome = deployment.run_app(
+            project_root,
+            {
+                "strategy": "teasq",
+                "clock": "wall",
+                "concurrency": 4,
+                "buffer-size": 3,
+                "max-aggregations": 100_000,
+                "max-wall-time": MINUTES * 60.0,
+                "eval-every": 10,
+                "checkpoint-every": 10,
+                "local-epochs": 1,
+                "min-nodes": NODES,
+                "probe-timeout": 0.0,
+                "plots": False,
+                "results-dir": str(results),
+                "run-name": "soak",
+            },
+            timeout=MINUTES * 60.0 + 600.0,
+        )
+    finally:
+        sampler.stop()
+        deployment.stop()
+    assert live_group_members(pids) == []
+    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
+
+    folder = results / "soak"
+    summary = json.loads((folder / "summary.json").read_text())
+    events = list(read_events(folder / "events.jsonl"))
+
+    def count(kind: str) -> int:
+        return sum(e["event"] == kind for e in events)
+
+    # --- no update lost --------------------------------------------------------------------
+    aggregated = sum(e["updates"] for e in events if e["event"] == "aggregation")
+    drops = [e for e in events if e["event"] == "drop"]
+    stale = sum(e["reason"] == "stale" for e in drops)
+    rejected = sum(e["reason"] == "rejected" for e in drops)
+    lost = len(drops) - stale - rejected  # availability losses (none on the wall clock)
+    discarded = summary["updates_discarded_at_end"]
+    arrivals = count("arrival")
+    assert arrivals == summary["arrivals"] == aggregated + discarded + stale + rejected
+    assert count("dispatch") == summary["tasks"]
+    in_flight = summary["tasks_in_flight_at_end"]
+    assert summary["tasks"] == arrivals + count("error") + lost + in_flight
+    assert summary["errors_total"] == 0 and rejected == 0, summary["errors"]
+
+    # --- memory levels off -----------------------------------------------------------------
+    serverapp = [(s["t"], s["serverapp_mb"]) for s in sampler.samples if s["serverapp_mb"]]
+    superlink = [(s["t"], s["superlink_mb"]) for s in sampler.samples if s["superlink_mb"]]
+    assert len(serverapp) >= 30, "too few samples of the ServerApp"
+    growth = {}
+    for name, series in (("serverapp", serverapp), ("superlink", superlink)):
+        first, middle, last = thirds(series)
+        growth[name] = {
+            "first_third_mb": round(first, 1),
+            "middle_third_mb": round(middle, 1),
+            "last_third_mb": round(last, 1),
+            "start_mb": round(series[0][1], 1),
+            "end_mb": round(series[-1][1], 1),
+            "growth": round(last / middle - 1.0, 4),
+        }
+
+    settled = sampler.samples[len(sampler.samples) // 3 :]  # past start-up
+    node_mb = [mb for s in settled for mb in s["supernode_mb"]]
+    task_mb = [mb for s in settled for mb in s["clientapp_mb"]]
+    per_node = {"median": round(statistics.median(node_mb), 1), "max": round(max(node_mb), 1)}
+    per_task = {
+        "median": round(statistics.median(task_mb), 1) if task_mb else None,
+        "max": round(max(task_mb), 1) if task_mb else None,
+    }
+    report = {
+        "nodes": NODES,
+        "minutes": MINUTES,
+        "deployment_start_s": round(start_seconds, 1),
+        # A SuperNode's own processes (flower-supernode and its SuperExec), once running,
+        # and the ClientApp process it starts for each task.
+        "supernode_mb": per_node,
+        "clientapp_mb": per_task,
+        "memory": growth,
+        "peak_clientapps": max(len(s["clientapp_mb"]) for s in sampler.samples),
+        "peak_total_mb": max(
+            sum(s["supernode_mb"]) + sum(s["clientapp_mb"]) + (s["serverapp_mb"] or 0.0)
+            for s in sampler.samples
+        ),
+        "counts": {
+            "tasks": summary["tasks"],
+            "arrivals": arrivals,
+            "aggregations": summary["aggregations"],
+            "aggregated_updates": aggregated,
+            "discarded_at_end": discarded,
+            "dropped_stale": stale,
+            "rejected": rejected,
+            "errors": summary["errors_total"],
+            "in_flight_at_end": in_flight,
+            "checkpoints": count("checkpoint"),
+        },
+        "final_accuracy": summary["final_accuracy"],
+        "samples": sampler.samples,
+    }
+    (folder / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"\nsoak: {NODES} SuperNodes, {MINUTES:g} min; a SuperNode {per_node['median']:.0f} "
+        f"MiB (+ {per_task['median'] or 0:.0f} MiB ClientApp per task); "
+        f"ServerApp {growth['serverapp']['start_mb']:.0f} -> {growth['serverapp']['end_mb']:.0f} "
+        f"MiB, SuperLink {growth['superlink']['start_mb']:.0f} -> "
+        f"{growth['superlink']['end_mb']:.0f} MiB; {report['counts']}; "
+        f"accuracy {summary['final_accuracy']:.3f}; report {folder / 'soak.json'}"
+    )
+    for name, numbers in growth.items():
+        assert numbers["growth"] <= GROWTH_LIMIT, f"{name} memory keeps growing: {numbers}"

@@ -1,0 +1,109 @@
+"""Task phases from a SuperNode's timestamped log joined with the server's event log."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsync.deploy.processes import read_timestamped_log, start_process
+from fedsync.deploy.timing import parse_supernode_log, summarize, task_timings
+
+_GREEN = "\x1b[92mINFO \x1b[0m:      "
+
+
+def _node_log(path: Path, node_id: int, messages: list[tuple[str, float]]) -> None:
+    lines = [f"100.000 {_GREEN}SuperNode ID: {node_id}"]
+    for kind, start in messages:
+        lines += [
+            f"{start:.3f} {_GREEN}Receiving: {kind} message (ID: ab)",
+            f"{start + 0.5:.3f} {_GREEN}Received successfully",
+            f"{start + 4.5:.3f} {_GREEN}Sending: {kind} message (ID: cd)",
+            f"{start + 4.75:.3f} {_GREEN}Sent successfully",
+            "a line without a time stamp",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _events(path: Path, rows: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_parse_supernode_log(tmp_path: Path) -> None:
+    log = tmp_path / "n.log"
+    _node_log(log, 7, [("query", 200.0), ("train", 210.0)])
+    node_id, messages = parse_supernode_log(log)
+    assert node_id == 7
+    assert [m.kind for m in messages] == ["query", "train"]
+    train = messages[1]
+    assert (train.receiving, train.received, train.sending, train.sent) == (
+        210.0,
+        210.5,
+        214.5,
+        214.75,
+    )
+    assert train.complete
+
+
+def test_task_phases_add_up_to_the_round_trip(tmp_path: Path) -> None:
+    logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
+    _node_log(logs[0], 7, [("query", 200.0), ("train", 210.0), ("train", 230.0)])
+    _node_log(logs[1], 9, [("query", 200.0), ("train", 211.0)])
+    _events(
+        tmp_path / "events.jsonl",
+        [
+            {"event": "dispatch", "task": "t1", "node": 7},
+            {"event": "dispatch", "task": "t2", "node": 9},
+            {"event": "arrival", "task": "t1", "node": 7, "sim_duration": 6.0,
+             "wall_compute_s": 1.5, "bytes_down": 1000, "bytes_up": 100, "num_examples": 50},
+            {"event": "dispatch", "task": "t3", "node": 7},
+            # t2 failed: an error instead of an arrival; t3 arrived.
+            {"event": "error", "task": "t2", "node": 9},
+            {"event": "arrival", "task": "t3", "node": 7, "sim_duration": 5.0,
+             "wall_compute_s": 1.0, "bytes_down": 1000, "bytes_up": 90, "num_examples": 50},
+        ],
+    )  # fmt: skip
+    timings = task_timings(tmp_path / "events.jsonl", logs)
+    assert [(t.task, t.node_index, t.node_id) for t in timings] == [("t1", 0, 7), ("t3", 0, 7)]
+    first = timings[0]
+    assert first.download_s == pytest.approx(0.5)
+    assert first.clientapp_s == pytest.approx(4.0)
+    assert first.upload_s == pytest.approx(0.25)
+    assert first.outside_s == pytest.approx(6.0 - 4.75)
+    assert first.clientapp_overhead_s == pytest.approx(2.5)
+    total = first.outside_s + first.download_s + first.clientapp_s + first.upload_s
+    assert total == pytest.approx(first.round_trip_s)
+    assert first.examples == 50
+
+    summary = summarize(timings)
+    assert summary["tasks"] == 2 and summary["bytes_up"] == 190
+    assert summary["round_trip_s"]["mean"] == pytest.approx(5.5)
+    assert summarize([]) == {"tasks": 0}
+
+
+def test_timestamped_process_output(tmp_path: Path) -> None:
+    log = tmp_path / "p.log"
+    process = start_process(
+        "printer",
+        [sys.executable, "-c", "print('one'); print('two', flush=True)"],
+        log_path=log,
+        env={},
+        timestamps=True,
+    )
+    process.popen.wait(timeout=30)
+    process.stop(grace=1)
+    lines = list(read_timestamped_log(log))
+    assert [text for _, text in lines] == ["one", "two"]
+    assert lines[0][0] <= lines[1][0]
+
+
+def test_plain_process_output_is_unchanged(tmp_path: Path) -> None:
+    log = tmp_path / "p.log"
+    process = start_process(
+        "printer", [sys.executable, "-c", "print('plain')"], log_path=log, env={}
+    )
+    process.popen.wait(timeout=30)
+    process.stop(grace=1)
+    assert log.read_text() == "plain\n"
