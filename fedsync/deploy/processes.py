@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -63,6 +63,7 @@ class ManagedProcess:
     log_path: Path
     relay: threading.Thread | None = None
     """The thread that timestamps the output into the log (``timestamps=True``)."""
+    _ended: bool = field(default=False, init=False, repr=False)
 
     @property
     def pid(self) -> int:
@@ -74,23 +75,34 @@ class ManagedProcess:
         return self.popen.poll()
 
     def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM the process group, wait ``grace`` seconds, then SIGKILL it."""
+        """SIGTERM the process group, wait ``grace`` seconds, then SIGKILL it.
+
+        Idempotent: once the group was SIGKILLed and its leader reaped, later calls
+        (``kill()`` in a test, ``stop()`` in its ``finally``) signal nothing.
+        """
+        if self._ended:
+            return self.popen.poll()
         if self.popen.poll() is None:
             _signal_group(self.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=grace)
         # Children may outlive a leader that exited on SIGTERM: kill the group anyway.
-        _signal_group(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=5)
-        self._join_relay()
+        self._kill_group()
         return self.popen.poll()
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (a crash, as a test wants it)."""
+        if not self._ended:
+            self._kill_group()
+
+    def _kill_group(self) -> None:
         _signal_group(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=5)
+        # Once the leader is reaped its pid -- and so the group id -- can be handed to a
+        # new process (pids wrap at pid_max, 32768 on small VMs): signalling the group
+        # again could kill a stranger, so remember that this one is over.
+        self._ended = self.popen.poll() is not None
         self._join_relay()
 
     def _join_relay(self) -> None:

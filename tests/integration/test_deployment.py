@@ -41,7 +41,7 @@ def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
     summary = json.loads((results / "grpc" / "summary.json").read_text())
     accuracies = [r["accuracy"] for r in summary["rounds"]]
     assert accuracies[-1] > accuracies[0] + 0.2
-    assert summary["rounds"][-1]["bytes_up"] > 0
+    assert summary["rounds"][-1]["cumulative_bytes_up"] > 0
 
 
 def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from fedsync.deploy.processes import read_timestamped_log, start_process
 from fedsync.deploy.timing import parse_supernode_log, summarize, task_timings
 
 _GREEN = "\x1b[92mINFO \x1b[0m:      "
@@ -81,29 +79,3 @@ def test_task_phases_add_up_to_the_round_trip(tmp_path: Path) -> None:
     assert summary["tasks"] == 2 and summary["bytes_up"] == 190
     assert summary["round_trip_s"]["mean"] == pytest.approx(5.5)
     assert summarize([]) == {"tasks": 0}
-
-
-def test_timestamped_process_output(tmp_path: Path) -> None:
-    log = tmp_path / "p.log"
-    process = start_process(
-        "printer",
-        [sys.executable, "-c", "print('one'); print('two', flush=True)"],
-        log_path=log,
-        env={},
-        timestamps=True,
-    )
-    process.popen.wait(timeout=30)
-    process.stop(grace=1)
-    lines = list(read_timestamped_log(log))
-    assert [text for _, text in lines] == ["one", "two"]
-    assert lines[0][0] <= lines[1][0]
-
-
-def test_plain_process_output_is_unchanged(tmp_path: Path) -> None:
-    log = tmp_path / "p.log"
-    process = start_process(
-        "printer", [sys.executable, "-c", "print('plain')"], log_path=log, env={}
-    )
-    process.popen.wait(timeout=30)
-    process.stop(grace=1)
-    assert log.read_text() == "plain\n"
