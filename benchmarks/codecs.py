@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="wall time (2 threads), CPU time of one thread, or both (see run())",
     )
+    parser.add_argument("--note", default="", help="free text stored in the JSON")
     args = parser.parse_args(argv)
     global GATE_SECONDS
     GATE_SECONDS = args.gate
@@ -422,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (5 if args.quick else 11)
     warmup = 1 if args.quick else 2
     clocks = ["wall", "cpu"] if args.clock == "both" else [args.clock]
-    report: dict[str, Any] = {"benchmark": "codecs", "quick": args.quick, "runs": {}}
+    report: dict[str, Any] = {
+        "benchmark": "codecs",
+        "quick": args.quick,
+        "note": args.note,
+        "runs": {},
+    }
     for clock in clocks:
         report["runs"][clock] = run(clock, sizes, reps, warmup)
         print(f"== clock: {clock} ==")

@@ -4,6 +4,7 @@
 
     python -m simulations.compare digits-stragglers --out results/compare/digits
     python -m simulations.compare fmnist-ci --only teasq,fedavg --verbose
+    python -m simulations.compare fmnist-teasq --scale 0.25   # a quarter of every budget
 
 Every strategy of the scenario (:mod:`simulations.scenario`) runs as its own
 ``flwr run`` on one ``flower-superlink --simulation`` (Flower's simulation engine),
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -492,8 +494,13 @@ def _progress_line(result: RunResult, done: int, total: int) -> str:
 
 # --- the command line -------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.compare SCENARIO [--out DIR] [--only a,b] [--verbose]``."""
+    """``python -m simulations.compare SCENARIO [--out DIR] [--only a,b] [--scale F]
+    [--run-dir DIR] [--verbose]``; returns the exit status."""
     args = _parser().parse_args(argv)
+    # SIGTERM (what kill and CI runners send; a job started in the background even
+    # ignores SIGINT) must still reach the runner's ``finally``, which stops the
+    # SuperLink and everything it spawned.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         scenario = load_scenario(args.scenario)
         if args.only:
@@ -528,6 +535,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[compare] did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    print(f"[compare] signal {signum}: stopping the SuperLink", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -74,7 +74,7 @@ def tensor_of(seed: int, shape: tuple[int, ...], dtype: torch.dtype, kind: str) 
     return x.to(dtype)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.sampled_from(SPARSIFIERS),
     st.sampled_from(QUANTIZERS),
