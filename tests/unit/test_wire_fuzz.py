@@ -33,7 +33,10 @@ from fedsync.wire.layout import HEADER_BYTES, MAGIC
 from fedsync.wire.testing import FrameBuilder, reseal
 
 MUTATIONS_PER_KIND = 15_000
-SLOWEST_DECODE_S = 0.25
+# These wall-clock bounds catch hangs and unbounded loops (a regression would take
+# minutes), not speed: they are generous so a loaded 2-core machine never trips them.
+SLOWEST_DECODE_S = 5.0
+HOSTILE_DECODE_S = 2.0
 
 
 def _tensor(
@@ -342,7 +345,7 @@ def test_huge_declared_sizes_fail_before_allocating(name: str) -> None:
         finally:
             tracemalloc.stop()
         assert peak < 256 * 1024, (name, peak)
-        assert elapsed < 0.05, (name, elapsed)
+        assert elapsed < HOSTILE_DECODE_S, (name, elapsed)
 
 
 def test_rice_unary_run_that_never_ends() -> None:
@@ -365,4 +368,4 @@ def test_rice_unary_run_that_never_ends() -> None:
     start = time.perf_counter()
     with pytest.raises(TruncatedPayload, match="stream ends after 0 of 2 positions"):
         decode_frame(frame)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < HOSTILE_DECODE_S
