@@ -29,6 +29,13 @@ thread's CPU time with numba and torch on one thread each, a per-core cost that 
 busy shared machine barely moves. The JSON holds one run per clock, each with its
 machine info (load averages included) and the target evaluation. ``--gate S`` lets
 every repetition round wait up to ``S`` seconds for the machine to be idle.
+
+Cache state (``--cache cold|warm``, default cold): interleaving methods would hand
+each one whatever cache state the previous left (``torch.topk``'s temporaries evict
+the 40 MB input, a streaming read leaves it resident), so every timed call starts
+from the same state: ``cold`` reads a 256 MiB buffer first (the input comes from
+DRAM, as for an update that has left the cache), ``warm`` runs the call once first
+(the input is as resident as the cache allows).
 """
 
 from __future__ import annotations
@@ -117,6 +124,21 @@ def wait_for_idle(timeout: float) -> bool:
     return True
 
 
+CACHE = "cold"
+"""``cold``: evict the caches before every timed call; ``warm``: run it once first."""
+
+_EVICT = np.ones(1, dtype=np.float32)
+
+
+def evict_caches() -> None:
+    """Read a buffer several times the last-level cache (256 MiB; 300 MiB L3 here,
+    shared with the host), so the next call finds its input in DRAM."""
+    global _EVICT
+    if _EVICT.size == 1:
+        _EVICT = np.ones(1 << 26, dtype=np.float32)
+    float(_EVICT.sum())
+
+
 GATE_SECONDS = 0.0
 """How long each repetition round may wait for an idle machine (``--gate``)."""
 CLOCK: Callable[[], float] = time.perf_counter
@@ -145,6 +167,12 @@ def timed(
             IDLE_ROUNDS += wait_for_idle(GATE_SECONDS)
         ROUNDS += 1
         for name, fn in methods.items():
+            # Every call starts from the same cache state, whatever ran before it
+            # (torch.topk's temporaries evict the input; a streaming read leaves it in).
+            if CACHE == "cold":
+                evict_caches()
+            else:
+                fn()
             start = CLOCK()
             fn()
             samples[name].append(CLOCK() - start)
@@ -381,6 +409,7 @@ def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
     try:
         info = machine()
         info["clock"] = clock
+        info["cache"] = CACHE
         cases = []
         for n in sizes:
             for density in (0.1, 0.01, 0.001):
@@ -415,9 +444,16 @@ def main(argv: list[str] | None = None) -> int:
         help="wall time (2 threads), CPU time of one thread, or both (see run())",
     )
     parser.add_argument("--note", default="", help="free text stored in the JSON")
+    parser.add_argument(
+        "--cache",
+        choices=["cold", "warm"],
+        default="cold",
+        help="input in DRAM (evict before each call) or in cache (run once before)",
+    )
     args = parser.parse_args(argv)
-    global GATE_SECONDS
+    global GATE_SECONDS, CACHE
     GATE_SECONDS = args.gate
+    CACHE = args.cache
 
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     reps = args.reps or (5 if args.quick else 11)

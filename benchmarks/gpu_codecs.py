@@ -147,7 +147,8 @@ def sample_threshold(x: torch.Tensor, density: float, sample: float, seed: int) 
 
     n = x.numel()
     s = min(n, max(math.ceil(sample * n), math.ceil(64 / density)))
-    _, mags = select.stratified_positions(x, s, seed)
+    _, mags = select.sample_positions(x, s, seed)
+    s = mags.numel()  # whole cache lines for a sparse sample
     k_s = max(1, min(s, round(density * s)))
     return float(torch.topk(mags, k_s, sorted=False).values.min())
 

@@ -74,7 +74,7 @@ class KernelBackend(Protocol):
         ...
 
     def sample_abs(self, x: torch.Tensor, s: int, seed: int) -> np.ndarray:
-        """``|x|`` at :func:`kernels.select.stratified_positions` ``(len(x), s, seed)``,
+        """``|x|`` at :func:`kernels.select.sample_positions` ``(len(x), s, seed)``,
         as a float32 numpy array on the host."""
         ...
 
@@ -157,7 +157,7 @@ class TorchBackend:
         return keep.nonzero().view(-1)
 
     def sample_abs(self, x: torch.Tensor, s: int, seed: int) -> np.ndarray:
-        index = torch.from_numpy(_select.stratified_positions(x.numel(), s, seed)).to(x.device)
+        index = torch.from_numpy(_select.sample_positions(x.numel(), s, seed)).to(x.device)
         return x[index].abs().cpu().numpy().astype(np.float32, copy=False)
 
     def all_finite(self, x: torch.Tensor) -> bool:

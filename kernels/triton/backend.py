@@ -51,7 +51,7 @@ class TritonBackend:
 
     def sample_abs(self, x: torch.Tensor, s: int, seed: int) -> np.ndarray:
         # Positions are drawn on the device: only the s magnitudes cross to the host.
-        return _numpy(_select.stratified_positions(x, s, seed)[1])
+        return _numpy(_select.sample_positions(x, s, seed)[1])
 
     def gather_abs(self, x: torch.Tensor, positions: np.ndarray) -> np.ndarray:
         """``|x[positions]|`` for host positions (float32, on the host)."""

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import select as _cpu
 from kernels.triton._runtime import launch_options
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "DeviceSelection",
     "exact_topk",
     "gather_abs",
+    "sample_positions",
     "stratified_positions",
     "threshold_select",
     "topk_of_candidates",
@@ -243,6 +245,26 @@ def stratified_positions(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tens
         x, n, s, n // s, n % s, seed64, positions, mags, BLOCK=1024, **launch_options()
     )
     return positions, mags
+
+
+def sample_positions(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU's threshold sample (:func:`kernels.select.sample_positions`) on the
+    device: ``(positions int64, magnitudes float32)``, ``sample_size(n, s)`` of each.
+
+    A sparse sample takes whole cache lines: the line of each stratum is the
+    stratified draw over the ``n // LINE`` lines (the same splitmix64 draw as the
+    CPU's), then expanded to its ``LINE`` positions.
+    """
+    n = x.numel()
+    size = _cpu.sample_size(n, s)
+    if not _cpu.clustered(n, size):
+        return stratified_positions(x, size, seed)
+    # The line draws are the stratified positions over an array of n // LINE values
+    # (any prefix of x of that length: only the positions are used).
+    lines, _ = stratified_positions(x[: n // _cpu.LINE], size // _cpu.LINE, seed)
+    offsets = torch.arange(_cpu.LINE, dtype=torch.int64, device=x.device)
+    positions = (lines[:, None] * _cpu.LINE + offsets).reshape(-1)
+    return positions, gather_abs(x, positions)
 
 
 def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

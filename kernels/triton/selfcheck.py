@@ -68,6 +68,13 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
     for k in (10, n // 1000, n // 100, n // 5):
         check(f"exact_topk k={k}", partial(topk_ok, k))
     check(
+        "threshold sample (cache lines)",
+        lambda: _same(
+            host(select.sample_positions(xd, 10_000, 99)[0]),
+            cpu_s.sample_positions(n, 10_000, 99),
+        ),
+    )
+    check(
         "stratified sample",
         lambda: _same(
             host(select.stratified_positions(xd, 10_000, 99)[0]),

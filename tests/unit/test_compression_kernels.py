@@ -18,6 +18,8 @@ from kernels.select import (
     gather_abs,
     keep_top_k,
     sample_abs,
+    sample_positions,
+    sample_size,
     stratified_positions,
     threshold_select,
 )
@@ -143,7 +145,15 @@ def test_stratified_positions_one_per_stratum(n: int, s: int, seed: int) -> None
     np.testing.assert_array_equal(pos, stratified_positions(n, s, seed))
     x = np.arange(n, dtype=np.float32) - n / 2
     np.testing.assert_array_equal(gather_abs(x, pos), np.abs(x[pos]))
-    np.testing.assert_array_equal(sample_abs(x, s, seed), np.abs(x[pos]))
+    sampled = sample_positions(n, s, seed)
+    assert sampled.size == sample_size(n, s) >= s
+    assert (np.diff(sampled) > 0).all() and sampled[0] >= 0 and sampled[-1] < n
+    if sampled.size % 16 == 0 and sampled.size * 64 <= n:  # whole cache lines
+        assert (sampled[::16] % 16 == 0).all()
+        assert (np.diff(sampled.reshape(-1, 16), axis=1) == 1).all()
+    else:
+        np.testing.assert_array_equal(sampled, pos)
+    np.testing.assert_array_equal(sample_abs(x, s, seed), np.abs(x[sampled]))
     xt = torch.from_numpy(x)
     np.testing.assert_array_equal(TORCH.sample_abs(xt, s, seed), NUMBA.sample_abs(xt, s, seed))
 

@@ -89,8 +89,20 @@ def test_stratified_sample_matches_cpu(n: int, s: int, seed: int) -> None:
     ref = cpu.stratified_positions(n, s, seed)
     np.testing.assert_array_equal(positions.numpy(), ref)
     np.testing.assert_array_equal(mags.numpy(), np.abs(x[ref]))
+
+
+@pytest.mark.parametrize(
+    ("n", "s", "seed"), [(1_000, 1_000, 0), (200_000, 3_000, 7), (9_999, 50, 3)]
+)
+def test_threshold_sample_matches_cpu(n: int, s: int, seed: int) -> None:
+    """Sparse samples take whole cache lines on both sides, dense ones single values."""
+    x = data(seed, n)
+    positions, mags = dev.sample_positions(torch.from_numpy(x), s, seed)
+    ref = cpu.sample_positions(n, s, seed)
+    np.testing.assert_array_equal(positions.numpy(), ref)
+    np.testing.assert_array_equal(mags.numpy(), np.abs(x[ref]))
     np.testing.assert_array_equal(
-        TritonBackend().sample_abs(torch.from_numpy(x), s, seed), np.abs(x[ref])
+        TritonBackend().sample_abs(torch.from_numpy(x), s, seed), cpu.sample_abs(x, s, seed)
     )
 
 

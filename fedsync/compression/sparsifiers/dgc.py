@@ -3,10 +3,11 @@
 Exact top-k needs a selection over every entry; DGC estimates the threshold from a
 small sample instead and keeps whatever lies above it:
 
-1. draw ``s = sample * numel`` positions (stratified: one per stratum, so the sample
-   covers the tensor evenly), and take the threshold that keeps ``density * s`` of
-   them; the sample is made large enough to expect >= 64 kept entries, below which
-   the estimate is mostly noise;
+1. draw ``s = sample * numel`` positions, stratified so the sample covers the tensor
+   evenly (for a sparse sample, whole cache lines: see
+   :func:`kernels.select.sample_positions`), and take the threshold that keeps
+   ``density * s`` of them; the sample is made large enough to expect >= 64 kept
+   entries, below which the estimate is mostly noise;
 2. one fused pass counts and compacts the entries above it;
 3. if the count is outside ``[lower * k, upper * k]``, move the threshold (to the
    sample's order statistic at the rank the observed count implies, kept inside the
@@ -107,6 +108,7 @@ class DGC(Sparsifier):
         sample = backend.sample_abs(x, s, seed)
         if not np.isfinite(sample).all():
             raise NonFiniteInputError(f"tensor {name!r} holds NaN or Inf")
+        s = sample.shape[0]  # rounded to whole cache lines for a sparse sample
         k_s = max(1, min(s, round(cfg.density * s)))
 
         def order_stat(rank: int) -> float:
