@@ -68,8 +68,14 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     result = LocalTraining.from_task(config, runtime).run(model, train_set, runtime.device)
     compute_seconds = time.perf_counter() - started
 
-    trained = model_state(model)
-    delta = {name: trained[name].float() - start[name].float() for name in specs}
+    # The delta is taken where training ran: on a GPU node the codec then runs the
+    # Triton kernels there (kernels.dispatch picks them for CUDA tensors), and only the
+    # encoded payload crosses to the host.
+    trained = model.state_dict()
+    delta = {
+        name: trained[name].detach().float() - start[name].to(runtime.device).float()
+        for name in specs
+    }
     uplink = _encode_uplink(delta, config, context, runtime)
 
     metrics = MetricRecord(

@@ -27,6 +27,8 @@ import torch
 
 from kernels import quantize as _quantize
 from kernels import select as _select
+from kernels.triton import cpu as _twins
+from kernels.triton import ordered as _ordered
 
 __all__ = [
     "KernelBackend",
@@ -101,6 +103,26 @@ class KernelBackend(Protocol):
         device: torch.device,
     ) -> torch.Tensor:
         """``code * scale + min`` per chunk, float32 on ``device``."""
+        ...
+
+    def moments(self, x: torch.Tensor) -> tuple[float, float]:
+        """``(sum x, sum x**2)`` of float32 or float64 ``x`` in float64, in the fixed
+        order of :mod:`kernels.triton.ordered` (same bits on every backend)."""
+        ...
+
+    def qsgd_quantize(
+        self, values: torch.Tensor, levels: int, chunk: int, seed: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """QSGD codes and per-chunk norms on the host; Philox uniforms from ``seed``
+        (the arithmetic of :func:`kernels.triton.cpu.qsgd_quantize`)."""
+        ...
+
+    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
+        """TernGrad codes on the host and the scale ``max |v|``."""
+        ...
+
+    def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
+        """Sign codes on the host and the fixed-order mean magnitude."""
         ...
 
 
@@ -205,6 +227,24 @@ class TorchBackend:
         # Product and sum as two ops (never one FMA) to match the numba kernel.
         return c * sc[owner] + lo[owner]
 
+    # The fixed-order sums and the stochastic and sign quantizers run their CPU twins
+    # on a host copy (the values are the few kept ones): a device's own reduction
+    # order or random generator would change the bytes.
+
+    def moments(self, x: torch.Tensor) -> tuple[float, float]:
+        return _ordered.ordered_moments(x.detach().cpu().numpy())
+
+    def qsgd_quantize(
+        self, values: torch.Tensor, levels: int, chunk: int, seed: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return _twins.qsgd_quantize(values.detach().cpu().numpy(), levels, chunk, seed)
+
+    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
+        return _twins.ternary_quantize(values.detach().cpu().numpy(), seed)
+
+    def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
+        return _twins.sign_quantize(values.detach().cpu().numpy())
+
 
 # --------------------------------------------------------------------------------------
 # Numba: CPU
@@ -239,8 +279,10 @@ class NumbaCpuBackend:
         return bool(np.isfinite(_host(x)).all())
 
     def abs_moments(self, x: torch.Tensor) -> tuple[float, float]:
-        m = _select.abs_moments(_host(x))
-        return m.sum_abs, m.sum_sq
+        # The fixed order every backend shares (kernels.triton.ordered), not the
+        # thread-count-dependent chunked sum: SIDCo's threshold must not depend on
+        # the device or the machine.
+        return _ordered.ordered_abs_moments(_host(x))
 
     def uniform_quantize(
         self, values: torch.Tensor, bits: int, chunk: int
@@ -257,6 +299,20 @@ class NumbaCpuBackend:
     ) -> torch.Tensor:
         out = torch.from_numpy(_quantize.uniform_dequantize(codes, mins, scales, chunk))
         return out.to(device)
+
+    def moments(self, x: torch.Tensor) -> tuple[float, float]:
+        return _ordered.ordered_moments(_host(x))
+
+    def qsgd_quantize(
+        self, values: torch.Tensor, levels: int, chunk: int, seed: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return _twins.qsgd_quantize(_host(values), levels, chunk, seed)
+
+    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
+        return _twins.ternary_quantize(_host(values), seed)
+
+    def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
+        return _twins.sign_quantize(_host(values))
 
 
 # --------------------------------------------------------------------------------------
@@ -285,7 +341,28 @@ def registered_backends() -> dict[str, str]:
     return {device: backend.name for device, backend in _BACKENDS.items()}
 
 
+_CUDA_PROBED = False
+
+
+def _probe_cuda() -> KernelBackend | None:
+    """On the first CUDA tensor, install the Triton backend if Triton is there."""
+    global _CUDA_PROBED
+    _CUDA_PROBED = True
+    from kernels import triton as _triton  # no Triton import unless it installs
+
+    _triton.install()
+    return _BACKENDS.get("cuda")
+
+
 def backend_for(x: torch.Tensor | torch.device) -> KernelBackend:
-    """The backend serving ``x``'s device type (torch ops when none is registered)."""
+    """The backend serving ``x``'s device type (torch ops when none is registered).
+
+    CUDA tensors get the Triton kernels (:mod:`kernels.triton`) when Triton is
+    installed, unless ``FEDSYNC_TRITON=0``; the same bytes either way, see
+    :mod:`kernels.triton`.
+    """
     device = x if isinstance(x, torch.device) else x.device
-    return _BACKENDS.get(device.type, _DEFAULT)
+    backend = _BACKENDS.get(device.type)
+    if backend is None and device.type == "cuda" and not _CUDA_PROBED:
+        backend = _probe_cuda()
+    return backend if backend is not None else _DEFAULT

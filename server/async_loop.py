@@ -92,6 +92,7 @@ from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, Wall
 from fedsync.clock.fleet import Assignment
 from fedsync.persist import JOB_KEY
 from fedsync.reports import RunRecorder, plot_run
+from fedsync.settings import resolve_device
 from fedsync.updates import SparseUpdate, TensorSpec
 from server.checkpoint import (
     AsyncCheckpoint,
@@ -202,6 +203,7 @@ def run_async(
     checkpoint_every: int = 0,
     norm_guard: UpdateNormGuard | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    device: str | torch.device = "cpu",
 ) -> AsyncResult:
     """Run TEASQ-Fed, FedBuff or FedAsync over the Grid until a stop condition.
 
@@ -236,6 +238,10 @@ def run_async(
         Rejects updates of absurd L2 norm; none: no norm check.
     sleep : callable
         How to wait between empty pulls (tests pass a no-op).
+    device : str or torch.device
+        Where the aggregation buffer lives: decoded sparse updates are scatter-added
+        there (the Triton kernel for a CUDA device, see :mod:`kernels.triton`); the
+        global model and the server optimizer stay on the host.
 
     Returns
     -------
@@ -256,6 +262,7 @@ def run_async(
         checkpoint_every=checkpoint_every,
         norm_guard=norm_guard,
         sleep=sleep,
+        device=device,
     )
     return loop.run()
 
@@ -291,6 +298,9 @@ def run_async_strategy(
         checkpoint_fn=store.save if persistence.every > 0 else None,
         checkpoint_every=persistence.every,
         norm_guard=UpdateNormGuard.from_run_config(run_config),
+        # The run's ``device`` ("auto": CUDA when the server sees one) also hosts the
+        # aggregation buffer, so a GPU server scatter-adds there.
+        device=resolve_device(str(run_config.get("device", "auto"))),
     )
     result.summary["checkpoints"] = {
         "every": persistence.every,
@@ -338,6 +348,7 @@ class AsyncLoop:
         checkpoint_every: int = 0,
         norm_guard: UpdateNormGuard | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.grid = grid
         self.config = config
@@ -385,6 +396,7 @@ class AsyncLoop:
             self.specs,
             capacity=self.policy.buffer_size,
             normalization=self.policy.normalization,
+            device=device,
         )
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.target_accuracy)
@@ -906,7 +918,9 @@ class AsyncLoop:
     # --- aggregation and evaluation -----------------------------------------------------------
     def _aggregate(self, time_: float) -> None:
         aggregate = self.buffer.take()
-        self.optimizer.step(self.trained, aggregate.update)
+        # The buffer may live on a GPU; the global model and optimizer state do not.
+        update = {name: delta.to("cpu") for name, delta in aggregate.update.items()}
+        self.optimizer.step(self.trained, update)
         self.version += 1
         self.recorder.events.write(
             "aggregation",

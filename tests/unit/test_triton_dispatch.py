@@ -59,6 +59,23 @@ def test_install_is_a_no_op_without_cuda() -> None:
     assert dispatch.registered_backends() == before
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA behaviour")
+def test_first_cuda_lookup_probes_once_and_falls_back_without_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The automatic selection: the first CUDA lookup tries to install Triton; without
+    a device it leaves the torch backend serving CUDA and never probes again."""
+    calls = []
+    monkeypatch.setattr(dispatch, "_CUDA_PROBED", False)
+    monkeypatch.setattr(kt, "install", lambda **_: calls.append(1) or False)
+    before = dispatch.registered_backends()
+    for _ in range(3):
+        backend = dispatch.backend_for(torch.device("cuda"))
+        assert backend.name == dispatch.backend_for(torch.device("meta")).name
+    assert calls == [1]
+    assert dispatch.registered_backends() == before
+
+
 @pytest.mark.skipif(not kt.AVAILABLE, reason="needs triton")
 def test_install_registers_for_cuda() -> None:
     previous = dispatch.registered_backends().get("cuda")

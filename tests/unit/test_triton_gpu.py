@@ -67,3 +67,33 @@ raise SystemExit(1 if bad else 0)
 """
     out = _run(["-c", code])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cuda_tensors_select_triton_without_asking() -> None:
+    """No ``install()`` call: the first CUDA tensor puts the Triton backend to work, for
+    a client's codec and for the server's aggregation buffer alike."""
+    code = """
+import torch
+from kernels import dispatch
+from fedsync.aggregation.buffer import UpdateBuffer
+from fedsync.codec import UpdateCodec
+from fedsync.updates import TensorSpec
+x = torch.randn(1_000_003, device="cuda")
+assert dispatch.backend_for(x).name == "triton", dispatch.backend_for(x).name
+assert dispatch.backend_for(x.cpu()).name != "triton"
+codec = UpdateCodec("dgc:0.01+uniform:8", seed=1)
+payload = UpdateCodec("dgc:0.01+uniform:8", seed=1).encode({"w": x.cpu()})
+assert codec.encode({"w": x}) == payload
+sparse = codec.decode(payload)
+specs = {"w": TensorSpec("w", (1_000_003,), "float32")}
+sums = []
+for device in ("cpu", "cuda"):
+    buffer = UpdateBuffer(specs, capacity=2, normalization="weight", device=device)
+    buffer.add(sparse, 0.25)
+    buffer.add(sparse, 0.75)
+    sums.append(buffer.take().update["w"].cpu())
+assert torch.equal(sums[0], sums[1])
+print("ok")
+"""
+    out = _run(["-c", code])
+    assert out.returncode == 0, out.stdout + out.stderr

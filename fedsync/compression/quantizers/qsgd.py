@@ -6,9 +6,11 @@ probability of rounding up being the fractional part) and its sign; it comes bac
 ``sign * l * ||v|| / s``. Unbiased, and within ``||v|| / s`` of the input.
 
 Code layout: ``code = 2 * l + (v < 0)``; ``bits = 1 + bit_length(s)``. The norms travel
-as the float32 param ``"norm"``, one per chunk. The uniforms come from a numpy
-generator on the host (seeded per tensor), so a CPU and a GPU run of the same spec
-and seed round the same way.
+as the float32 param ``"norm"``, one per chunk. The uniforms come from Philox, a
+counter-based generator (value ``i`` draws from ``(seed, i)``, as ``tl.randint`` does
+on a GPU; :mod:`kernels.triton.philox`), and each norm is summed in index order, so
+a CPU and a GPU run of the same spec and seed give the same codes
+(:mod:`kernels.triton.cpu` states the arithmetic).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig, check_range
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
-from fedsync.compression.seeding import rng_for
+from fedsync.compression.seeding import derive_seed
 from fedsync.updates import QuantizedValues
+from kernels.dispatch import backend_for
 
 __all__ = ["QSGD", "QSGDConfig"]
 
@@ -67,15 +70,6 @@ class QSGDConfig(QuantizerConfig):
         return QSGD(self)
 
 
-def _chunk_norms(values: torch.Tensor, chunk: int) -> torch.Tensor:
-    """L2 norm per chunk, summed in float64 and rounded once to float32."""
-    n = values.numel()
-    nchunks = -(-n // chunk)
-    padded = torch.zeros(nchunks * chunk, dtype=torch.float64, device=values.device)
-    padded[:n] = values.double()
-    return padded.view(nchunks, chunk).pow(2).sum(dim=1).sqrt().float()
-
-
 class QSGD(Quantizer):
     """Unbiased stochastic quantizer to ``s`` levels of each chunk's norm."""
 
@@ -91,20 +85,12 @@ class QSGD(Quantizer):
         return torch.arange(n, device=device) // self.config.chunk
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        v = values.detach()
-        n = v.numel()
-        s = self.config.levels
-        norms = _chunk_norms(v, self.config.chunk)
-        norm = norms[self._owner(n, v.device)]
-        u = rng_for(seed, "qsgd").random(n, dtype=np.float32)
-        safe = torch.where(norm > 0, norm, torch.ones_like(norm))
-        scaled = v.abs() / safe * s
-        level = torch.floor(scaled + torch.from_numpy(u).to(v.device)).clamp_(0, s)
-        code = level.to(torch.int32) * 2 + (v < 0).to(torch.int32)
-        dtype = np.uint8 if self.bits <= 8 else np.uint16
-        return QuantizedValues(
-            self.scheme, self.bits, code.cpu().numpy().astype(dtype), {"norm": norms.cpu().numpy()}
+        # Philox uniforms and fixed-order norms: the same codes on every device.
+        codes, norms = backend_for(values).qsgd_quantize(
+            values.detach(), self.config.levels, self.config.chunk, derive_seed(seed, "qsgd")
         )
+        dtype = np.uint8 if self.bits <= 8 else np.uint16
+        return QuantizedValues(self.scheme, self.bits, codes.astype(dtype), {"norm": norms})
 
     def param_lengths(self, count: int) -> dict[str, int]:
         return {"norm": -(-count // self.config.chunk)}

@@ -17,6 +17,7 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
 from fedsync.updates import QuantizedValues
+from kernels.dispatch import backend_for
 
 __all__ = ["Sign", "SignConfig"]
 
@@ -42,10 +43,8 @@ class Sign(Quantizer):
         return 1
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        v = values.detach()
-        n = v.numel()
-        scale = float(v.double().abs().sum()) / n if n else 0.0
-        codes = (v < 0).cpu().numpy().astype(np.uint8)
+        # The magnitudes are summed in a fixed order: the same scale on every device.
+        codes, scale = backend_for(values).sign_quantize(values.detach())
         return QuantizedValues(
             self.scheme, 1, codes, {"scale": np.array([scale], dtype=np.float32)}
         )

@@ -17,8 +17,9 @@ import torch
 from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
-from fedsync.compression.seeding import rng_for
+from fedsync.compression.seeding import derive_seed
 from fedsync.updates import QuantizedValues
+from kernels.dispatch import backend_for
 
 __all__ = ["Ternary", "TernaryConfig"]
 
@@ -45,17 +46,12 @@ class Ternary(Quantizer):
         return 2
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        v = values.detach()
-        n = v.numel()
-        scale = float(v.abs().max()) if n else 0.0
-        u = torch.from_numpy(rng_for(seed, "ternary").random(n, dtype=np.float32)).to(v.device)
-        if scale > 0:
-            keep = u < v.abs() / scale
-        else:
-            keep = torch.zeros(n, dtype=torch.bool, device=v.device)
-        codes = torch.where(keep, torch.where(v < 0, 2, 1), 0).to(torch.uint8)
+        # Philox uniforms (kernels.triton.philox): the same codes on every device.
+        codes, scale = backend_for(values).ternary_quantize(
+            values.detach(), derive_seed(seed, "ternary")
+        )
         return QuantizedValues(
-            self.scheme, 2, codes.cpu().numpy(), {"scale": np.array([scale], dtype=np.float32)}
+            self.scheme, 2, codes, {"scale": np.array([scale], dtype=np.float32)}
         )
 
     def param_lengths(self, count: int) -> dict[str, int]:

@@ -179,10 +179,14 @@ class SIDCo(Sparsifier):
             indices, values = sel.indices, sel.values
             for stage in range(1, stages):
                 excess = (values.abs() - eta).double()
-                if excess.numel() < 2:
+                m = excess.numel()
+                if m < 2:
                     break
+                # Fixed-order sums (kernels.triton.ordered): the same fit on every device.
+                s1, s2 = backend.moments(excess)
+                mean = s1 / m
                 step = fit_threshold(
-                    self._family(stage), float(excess.mean()), float(excess.var()), delta
+                    self._family(stage), mean, max(s2 - s1 * mean, 0.0) / (m - 1), delta
                 )
                 if step is None:
                     break
