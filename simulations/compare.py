@@ -54,6 +54,7 @@ __all__ = [
     "main",
     "ratio",
     "read_series",
+    "staleness_bins",
 ]
 
 COMPLETED = "finished:completed"
@@ -319,7 +320,92 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
             )
             + " |"
         )
+    lines += _staleness_table(comparison)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+STALENESS_BINS: tuple[tuple[int, int | None], ...] = (
+    (0, 0),
+    (1, 1),
+    (2, 2),
+    (3, 4),
+    (5, 8),
+    (9, 16),
+    (17, 32),
+    (33, None),
+)
+"""Staleness bins of the report (inclusive; ``None``: no upper end)."""
+
+
+def staleness_bins(histogram: Mapping[str, int] | Mapping[int, int]) -> list[int]:
+    """Counts of a ``{staleness: count}`` histogram in :data:`STALENESS_BINS`."""
+    counts = [0] * len(STALENESS_BINS)
+    for key, count in histogram.items():
+        tau = int(key)
+        for i, (lo, hi) in enumerate(STALENESS_BINS):
+            if tau >= lo and (hi is None or tau <= hi):
+                counts[i] += int(count)
+                break
+    return counts
+
+
+def _bin_name(lo: int, hi: int | None) -> str:
+    return f"{lo}" if hi == lo else f">= {lo}" if hi is None else f"{lo}-{hi}"
+
+
+def _staleness_table(comparison: Comparison) -> list[str]:
+    """Markdown lines: the staleness of the updates each asynchronous run received."""
+    rows = [row for row in comparison.rows if row["staleness_histogram"]]
+    if not rows:
+        return []
+    names = [_bin_name(lo, hi) for lo, hi in STALENESS_BINS]
+    lines = [
+        "",
+        "Staleness (model versions between an update's base and its arrival) of every "
+        "update the asynchronous runs received, share in each bin:",
+        "",
+        "| strategy | updates | mean | " + " | ".join(names) + " |",
+        "|" + " --- |" * (len(names) + 3),
+    ]
+    for row in rows:
+        counts = staleness_bins(row["staleness_histogram"])
+        total = sum(counts)
+        shares = [f"{100.0 * c / total:.0f} %" if total else "-" for c in counts]
+        lines.append(
+            f"| {row['label']} | {total} | {_fmt(row['mean_staleness'], '.2f')} | "
+            + " | ".join(shares)
+            + " |"
+        )
+    return lines
+
+
+def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
+    """``staleness.png``: the binned staleness histogram of every asynchronous run."""
+    rows = [row for row in comparison.rows if row["staleness_histogram"]]
+    if not rows:
+        return None
+    names = [_bin_name(lo, hi) for lo, hi in STALENESS_BINS]
+    fig, ax = plt.subplots(figsize=(8.0, 3.6), dpi=110)
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        counts = staleness_bins(row["staleness_histogram"])
+        total = sum(counts) or 1
+        ax.bar(
+            [b + (i - (len(rows) - 1) / 2) * width for b in range(len(names))],
+            [c / total for c in counts],
+            width=width,
+            label=row["label"],
+        )
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel("staleness (model versions)")
+    ax.set_ylabel("share of updates")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{comparison.scenario.name}: staleness of received updates")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
     return path
 
 
@@ -368,17 +454,20 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
 
 
 def write_reports(comparison: Comparison, out: Path) -> list[Path]:
-    """Write ``comparison.json``, ``.md`` and ``.png`` into ``out``."""
+    """Write ``comparison.json``, ``.md`` and ``.png`` into ``out``, and
+    ``staleness.png`` when a run was asynchronous."""
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "comparison.json"
     json_path.write_text(
         json.dumps(comparison.as_dict(), indent=2, default=_jsonable) + "\n", encoding="utf-8"
     )
-    return [
+    written = [
         json_path,
         write_markdown(comparison, out / "comparison.md"),
         plot_comparison(comparison, out / "comparison.png"),
     ]
+    staleness = plot_staleness(comparison, out / "staleness.png")
+    return written + ([staleness] if staleness is not None else [])
 
 
 # --- running ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ length and the section, ``8 * (2 + varint_len(nbytes) + nbytes)``.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,6 +270,10 @@ def encode_indices(indices: np.ndarray, numel: int, plan: IndexPlan) -> bytes:
         kern.ef_encode_high(indices, low_bits, high)
         return low + high.tobytes()
     if plan.coding == "rice":
+        if plan.param <= kern.RICE_WORDS_MAX_K and sys.byteorder == "little":
+            words = np.zeros(-(-plan.nbytes // 4) + 1, dtype=np.uint32)
+            kern.rice_encode_words(indices, plan.param, words)
+            return words.view(np.uint8)[: plan.nbytes].tobytes()
         out = np.zeros(plan.nbytes, dtype=np.uint8)
         kern.rice_encode(indices, plan.param, out)
         return out.tobytes()

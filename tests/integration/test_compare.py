@@ -1,4 +1,6 @@
-"""The strategy comparison through the real Flower app: digits with stragglers.
+"""The strategy comparison through the real Flower app, at CI scale: digits with
+stragglers, and the Fashion-MNIST headline scenario's code path (``fmnist-ci``: 12 devices
+of the same fleet, dense FedAvg / FedBuff / FedAsync against TEASQ mode).
 
 Asserts orderings, not absolute numbers: every run completes, TEASQ-Fed reaches the
 target in less simulated time than FedAvg and with fewer uplink bytes, and nothing the
@@ -19,8 +21,13 @@ from tests.integration.conftest import live_group_members
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_teasq_beats_fedavg_to_the_target_on_digits_stragglers(tmp_path: Path) -> None:
-    scenario = load_scenario("digits-stragglers")
+@pytest.mark.parametrize("name", ["digits-stragglers", "fmnist-ci"])
+def test_teasq_beats_fedavg_to_the_target(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if name.startswith("fmnist"):
+        request.getfixturevalue("shared_data_dir")  # skips without ../shared/data
+    scenario = load_scenario(name)
     assert {s.strategy for s in scenario.strategies} == {"fedavg", "fedbuff", "fedasync", "teasq"}
     runner = ComparisonRunner(scenario, tmp_path / "runs")
     try:

@@ -312,3 +312,28 @@ def test_kernel_status_values_are_distinct() -> None:
         kern.STATUS_EXTRA_BITS,
     }
     assert len(statuses) == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    numel=st.integers(1, 1 << 20),
+    count=st.integers(0, 300),
+    k=st.integers(0, kern.RICE_WORDS_MAX_K),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_word_rice_encoder_writes_the_byte_encoders_stream(
+    numel: int, count: int, k: int, seed: int
+) -> None:
+    """The 32-bit-word encoder (the fast path) and the byte encoder agree bit for bit,
+    long unary runs (large gaps, small k) included."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, numel, size=count, dtype=np.int64)
+    indices = np.unique(picks)
+    bits = indices.shape[0] * (k + 1) + int(kern.rice_shift_sum(indices, k))
+    nbytes = (bits + 7) // 8
+    by_bytes = np.zeros(nbytes, dtype=np.uint8)
+    words = np.zeros(-(-nbytes // 4) + 1, dtype=np.uint32)
+    assert kern.rice_encode(indices, k, by_bytes) == bits
+    assert kern.rice_encode_words(indices, k, words) == bits
+    np.testing.assert_array_equal(words.view(np.uint8)[:nbytes], by_bytes)
+    assert not words.view(np.uint8)[nbytes:].any()

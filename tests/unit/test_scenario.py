@@ -15,6 +15,7 @@ from simulations.compare import (
     first_reaching,
     ratio,
     read_series,
+    staleness_bins,
     write_reports,
 )
 from simulations.scenario import (
@@ -198,6 +199,20 @@ def test_comparison_fixes_the_target_after_all_runs_and_computes_ratios(tmp_path
     paths = write_reports(comparison, tmp_path)
     assert [p.name for p in paths] == ["comparison.json", "comparison.md", "comparison.png"]
     assert "| teasq | ok |" in (tmp_path / "comparison.md").read_text()
+
+
+def test_staleness_is_binned_and_reported_for_asynchronous_runs(tmp_path: Path) -> None:
+    assert staleness_bins({"0": 3, "1": 1, "4": 2, "7": 1, "40": 5}) == [3, 1, 0, 2, 1, 0, 0, 5]
+    assert staleness_bins({}) == [0] * 8
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (4, 100, 1.0)))
+    teasq.summary.update(staleness_histogram={"0": 1, "1": 2, "3": 1}, mean_staleness=1.25)
+    comparison = build_comparison(_toy(), [fedavg, teasq])
+    paths = write_reports(comparison, tmp_path)
+    assert [p.name for p in paths][-1] == "staleness.png"
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| teasq | 4 | 1.25 | 25 % | 50 % | 0 % | 25 % | 0 % |" in table
+    assert "| fedavg | " not in table.split("Staleness")[1]  # synchronous: no row
 
 
 def test_a_failed_or_missing_run_gives_no_ratio_and_no_completion() -> None:
