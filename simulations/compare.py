@@ -410,16 +410,23 @@ def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
 
 
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
-    """``comparison.png``: accuracy vs simulated time and vs cumulative uplink bytes."""
+    """``comparison.png``: accuracy vs simulated time and vs cumulative uplink bytes
+    (both axes logarithmic)."""
     fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
     for result in comparison.results:
         if not result.series:
             continue
         label = result.label if result.completed else f"{result.label} ({result.status})"
-        times = [p.sim_time for p in result.series]
-        accuracies = [p.accuracy for p in result.series]
-        (line,) = by_time.plot(times, accuracies, marker="o", markersize=2.5, label=label)
-        # A log axis cannot show the evaluation before any upload (0 bytes).
+        # Log axes: FedAvg's rounds and the asynchronous runs differ by orders of
+        # magnitude; neither can show the evaluation at time 0, before any upload.
+        timed = [(p.sim_time, p.accuracy) for p in result.series if p.sim_time > 0]
+        (line,) = by_time.plot(
+            [t for t, _ in timed],
+            [a for _, a in timed],
+            marker="o",
+            markersize=2.5,
+            label=label,
+        )
         sent = [(p.bytes_up, p.accuracy) for p in result.series if p.bytes_up > 0]
         by_bytes.plot(
             [b for b, _ in sent],
@@ -430,7 +437,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
             label=label,
         )
     for ax, xlabel in (
-        (by_time, "simulated time (s)"),
+        (by_time, "simulated time (s, log)"),
         (by_bytes, "cumulative uplink bytes (log)"),
     ):
         if comparison.target is not None:
@@ -444,6 +451,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
+    by_time.set_xscale("log")
     by_bytes.set_xscale("log")
     by_time.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and uplink bytes")
