@@ -145,6 +145,11 @@ def _chunked(values: torch.Tensor, chunk: int) -> torch.Tensor:
     return values.view(nchunks, chunk)
 
 
+def _host_copy(x: torch.Tensor) -> np.ndarray:
+    """``x`` as a contiguous numpy array on the host (copied off a device)."""
+    return x.detach().cpu().contiguous().numpy()
+
+
 class TorchBackend:
     """Plain torch ops: correct on every device, the reference for other backends."""
 
@@ -232,18 +237,18 @@ class TorchBackend:
     # order or random generator would change the bytes.
 
     def moments(self, x: torch.Tensor) -> tuple[float, float]:
-        return _ordered.ordered_moments(x.detach().cpu().numpy())
+        return _ordered.ordered_moments(_host_copy(x))
 
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        return _twins.qsgd_quantize(values.detach().cpu().numpy(), levels, chunk, seed)
+        return _twins.qsgd_quantize(_host_copy(values), levels, chunk, seed)
 
     def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
-        return _twins.ternary_quantize(values.detach().cpu().numpy(), seed)
+        return _twins.ternary_quantize(_host_copy(values), seed)
 
     def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
-        return _twins.sign_quantize(values.detach().cpu().numpy())
+        return _twins.sign_quantize(_host_copy(values))
 
 
 # --------------------------------------------------------------------------------------

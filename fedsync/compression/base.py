@@ -84,8 +84,15 @@ class Sparsifier(ABC):
         return "explicit"
 
     def mask_positions(self, spec: TensorSpec) -> np.ndarray:
-        """The shared positions of a ``mask``-mode tensor (int64, increasing)."""
-        raise NotImplementedError(f"{self.config.name} sends no shared mask")
+        """The shared positions of a ``mask``-mode tensor (int64, increasing).
+
+        Only sparsifiers whose :meth:`index_mode` is ``"mask"`` have them; asking any
+        other is a caller's error.
+        """
+        raise TypeError(
+            f"{self.config.name} sends explicit positions (index mode "
+            f"{self.index_mode(spec)!r}), not a shared mask"
+        )
 
 
 class Quantizer(ABC):

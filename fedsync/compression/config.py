@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -81,7 +82,7 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
-class StageConfig:
+class StageConfig(ABC):
     """Base of every stage config.
 
     Class attributes
@@ -98,9 +99,9 @@ class StageConfig:
     kind: ClassVar[StageKind] = "sparsifier"
     primary: ClassVar[str | None] = None
 
+    @abstractmethod
     def build(self, context: BuildContext) -> Any:
         """Make the component this config describes."""
-        raise NotImplementedError
 
     def to_spec(self) -> str:
         """This stage alone in canonical spec syntax (``"uniform:4,chunk=256"``)."""
@@ -115,8 +116,9 @@ class SparsifierConfig(StageConfig):
 
     kind: ClassVar[StageKind] = "sparsifier"
 
+    @abstractmethod
     def build(self, context: BuildContext) -> Sparsifier:
-        raise NotImplementedError
+        """Make the sparsifier this config describes."""
 
     def with_density(self, density: float) -> SparsifierConfig:
         """The same sparsifier keeping a fraction ``density`` of each tensor."""
@@ -131,8 +133,9 @@ class QuantizerConfig(StageConfig):
 
     kind: ClassVar[StageKind] = "quantizer"
 
+    @abstractmethod
     def build(self, context: BuildContext) -> Quantizer:
-        raise NotImplementedError
+        """Make the quantizer this config describes."""
 
     def with_bits(self, bits: int) -> QuantizerConfig:
         """The same quantizer with ``bits`` bits per code (if its width is tunable)."""

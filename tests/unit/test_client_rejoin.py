@@ -44,15 +44,13 @@ class Restarting(FakeClients):
         return super().__call__(message)
 
 
-def test_a_node_given_up_for_leaving_is_taken_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(async_loop, "_NODE_REFRESH_S", 0.0)
-    nodes = [1, 2, 3, 4]
-    clients = Restarting(down_for=3, behaviour={4: "garbage"})
-    recorder = RunRecorder(tmp_path, "rejoin")
+def _run_fedbuff(
+    grid: FakeGrid, nodes: list[int], folder: Path, *, aggregations: int, retries: int
+) -> tuple[Any, list[dict[str, Any]]]:
+    """FedBuff (C = 3, K = 2) on the wall clock over ``grid``: the result and its events."""
+    recorder = RunRecorder(folder, "rejoin")
     result = run_async(
-        FakeGrid(nodes, clients),  # type: ignore[arg-type]
+        grid,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         recorder=recorder,
         global_state=initial_state(),
@@ -61,8 +59,8 @@ def test_a_node_given_up_for_leaving_is_taken_back(
             strategy="fedbuff",
             concurrency=3,
             buffer_size=2,
-            max_aggregations=12,
-            max_retries=2,
+            max_aggregations=aggregations,
+            max_retries=retries,
             clock="wall",
             probe_timeout=0.0,
             uplink_codec="x",
@@ -73,7 +71,18 @@ def test_a_node_given_up_for_leaving_is_taken_back(
         sleep=lambda _: None,
     )
     recorder.close()
-    events = list(read_events(recorder.events_path))
+    return result, list(read_events(recorder.events_path))
+
+
+def test_a_node_given_up_for_leaving_is_taken_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(async_loop, "_NODE_REFRESH_S", 0.0)
+    nodes = [1, 2, 3, 4]
+    clients = Restarting(down_for=3, behaviour={4: "garbage"})
+    result, events = _run_fedbuff(
+        FakeGrid(nodes, clients), nodes, tmp_path, aggregations=12, retries=2
+    )
     kinds = [(e["event"], e.get("node")) for e in events]
     gave_up = kinds.index(("give-up", 3))
     returned = kinds.index(("node-returned", 3))
@@ -118,30 +127,9 @@ def test_a_node_flower_reports_offline_is_given_up_at_once(
     concurrency slots. It is taken back once it is online again."""
     monkeypatch.setattr(async_loop, "_NODE_REFRESH_S", 0.0)
     nodes = [1, 2, 3]
-    recorder = RunRecorder(tmp_path, "offline")
-    result = run_async(
-        OfflineGrid(nodes, FakeClients()),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        recorder=recorder,
-        global_state=initial_state(),
-        evaluate_fn=make_evaluate(nodes),
-        config=AsyncConfig(
-            strategy="fedbuff",
-            concurrency=3,
-            buffer_size=2,
-            max_aggregations=16,
-            max_retries=3,
-            clock="wall",
-            probe_timeout=0.0,
-            uplink_codec="x",
-            downlink_codec="x",
-            plots=False,
-        ),
-        codec_factory=DenseCodec,
-        sleep=lambda _: None,
+    result, events = _run_fedbuff(
+        OfflineGrid(nodes, FakeClients()), nodes, tmp_path, aggregations=16, retries=3
     )
-    recorder.close()
-    events = list(read_events(recorder.events_path))
     [error] = [e for e in events if e["event"] == "error"]
     assert error["node"] == 3 and error["gave_up"] and error["failures"] == 1
     kinds = [(e["event"], e.get("node")) for e in events]
