@@ -26,8 +26,9 @@ from flwr.clientapp import ClientApp
 from clients.compressed import train_compressed
 from clients.runtime import ClientRuntime, LocalTraining
 from fedsync import protocol
+from fedsync.config import node_partition
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.settings import node_partition
+from fedsync.protocol import TrainTask
 
 app = ClientApp()
 
@@ -36,7 +37,7 @@ app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     """Train on the local partition and reply with the new model or its update."""
     runtime = ClientRuntime.from_context(context)
-    if protocol.DOWNLINK in msg.content:
+    if TrainTask.is_compressed(msg.content):
         return train_compressed(msg, context, runtime)
     return _train_dense(msg, runtime)
 
@@ -69,7 +70,7 @@ def query(msg: Message, context: Context) -> Message:
     assigns fleet profiles and seeds its draws by partition id instead, so runs repeat.
     """
     partition_id, num_partitions = node_partition(context.node_config)
-    metrics = MetricRecord({"partition-id": partition_id, "num-partitions": num_partitions})
+    metrics = MetricRecord({protocol.PARTITION_ID: partition_id, "num-partitions": num_partitions})
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
 
 

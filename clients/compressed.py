@@ -23,15 +23,15 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 
 from clients.faults import FaultInjector
 from clients.runtime import ClientRuntime, LocalTraining
 from clients.state_store import CodecStateStore
 from fedsync import protocol
-from fedsync.codec import UpdateCodec, array_to_payload, payload_to_array
-from fedsync.persist import JOB_KEY
-from fedsync.records import get_int, get_str
+from fedsync.codec import UpdateCodec
+from fedsync.protocol import TrainReply, TrainTask
+from fedsync.records import get_int
 from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec, densify
 
@@ -50,16 +50,12 @@ class MissingDownlinkBase(ValueError):
 def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
     """Handle a compressed train task end to end and build the reply."""
     config = msg.content.config_records[protocol.CONFIG]
+    task = TrainTask.from_record(msg.content, run_id=context.run_id)
     model = runtime.fresh_model()
     template = model_state(model)
     specs = tensor_specs(template)
 
-    payload = array_to_payload(
-        msg.content.array_records[protocol.DOWNLINK][protocol.PAYLOAD].numpy()
-    )
-    start = _apply_downlink(
-        payload, get_str(config, protocol.DOWNLINK_KIND, "full"), specs, context
-    )
+    start = _apply_downlink(task.payload, task.downlink_kind, specs, context)
     model.load_state_dict(start, strict=False)
     model.to(runtime.device)
 
@@ -76,46 +72,35 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
         name: trained[name].detach().float() - start[name].to(runtime.device).float()
         for name in specs
     }
-    uplink = _encode_uplink(delta, config, context, runtime)
-
-    metrics = MetricRecord(
+    uplink = _encode_uplink(delta, task, context, runtime)
+    reply = TrainReply(
+        uplink,
         {
             protocol.NUM_EXAMPLES: int(result["num_examples"]),
             protocol.TRAIN_LOSS: float(result["train_loss"]),
             protocol.NUM_STEPS: int(result["steps"]),
             protocol.COMPUTE_SECONDS: compute_seconds,
             protocol.UPLINK_BYTES: len(uplink),
-        }
+        },
     )
-    content = RecordDict(
-        {
-            protocol.UPLINK: ArrayRecord({protocol.PAYLOAD: Array(payload_to_array(uplink))}),
-            protocol.METRICS: metrics,
-        }
-    )
-    return Message(content=content, reply_to=msg)
+    return Message(content=reply.to_record(), reply_to=msg)
 
 
 def _encode_uplink(
-    delta: Mapping[str, torch.Tensor],
-    config: Mapping[str, object],
-    context: Context,
-    runtime: ClientRuntime,
+    delta: Mapping[str, torch.Tensor], task: TrainTask, context: Context, runtime: ClientRuntime
 ) -> bytes:
     """Compress ``delta`` with this node's error-feedback memory and keep the memory."""
-    spec = get_str(config, protocol.UPLINK_CODEC)
-    codec = UpdateCodec(spec, seed=runtime.settings.seed * 100_003 + runtime.partition_id)
-    # The job a resumed server run continues (an older server: this run alone).
-    job = get_str(config, JOB_KEY, "") or f"run-{context.run_id}"
+    codec = UpdateCodec(
+        task.uplink_codec, seed=runtime.settings.seed * 100_003 + runtime.partition_id
+    )
     store = CodecStateStore.from_node_config(
-        runtime.node_config, job=job, partition_id=runtime.partition_id
+        runtime.node_config, job=task.job, partition_id=runtime.partition_id
     )
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
     _load_codec_state(codec, context, store, specs)
     uplink = codec.encode(delta)
-    version = get_int(config, protocol.MODEL_VERSION, -1)
-    _save_codec_state(codec, context, store, f"v{version}/{get_int(config, protocol.TASK_SEED, 0)}")
-    return _maybe_corrupt(uplink, delta, spec, config, context, runtime)
+    _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
+    return _maybe_corrupt(uplink, delta, task, context, runtime)
 
 
 def _apply_downlink(
@@ -179,8 +164,7 @@ def _save_codec_state(
 def _maybe_corrupt(
     uplink: bytes,
     delta: Mapping[str, torch.Tensor],
-    spec: str,
-    config: Mapping[str, object],
+    task: TrainTask,
     context: Context,
     runtime: ClientRuntime,
 ) -> bytes:
@@ -191,6 +175,7 @@ def _maybe_corrupt(
     counter = context.state.config_records.get(FAULT_COUNTER, ConfigRecord({"tasks": 0}))
     index = get_int(counter, "tasks", 0)
     context.state.config_records[FAULT_COUNTER] = ConfigRecord({"tasks": index + 1})
-    seed = get_int(config, protocol.TASK_SEED, 0)
-    kind = injector.pick(index, seed)
-    return injector.corrupt(kind, uplink, delta, spec, seed) if kind else uplink
+    kind = injector.pick(index, task.task_seed)
+    return (
+        injector.corrupt(kind, uplink, delta, task.uplink_codec, task.task_seed) if kind else uplink
+    )

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fedsync.codec import UpdateCodec
-from fedsync.settings import SettingsError
+from fedsync.config import SettingsError
 from fedsync.updates import CompressedTensor
 from fedsync.wire import decode_frame, encode_frame
 

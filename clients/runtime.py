@@ -10,10 +10,16 @@ import torch
 from flwr.app import Context
 
 from fedsync import protocol
+from fedsync.config import (
+    RunConfig,
+    SettingsError,
+    TrainingSection,
+    node_partition,
+    resolve_device,
+)
 from fedsync.data import ArrayDataset
 from fedsync.models.training import train as train_model
 from fedsync.records import get_float, get_int
-from fedsync.settings import SettingsError, TrainingSettings, node_partition, resolve_device
 from fedsync.task import client_data, model_for
 
 
@@ -23,8 +29,8 @@ class ClientRuntime:
 
     Parameters
     ----------
-    settings : TrainingSettings
-        The run config, typed.
+    settings : TrainingSection
+        The run config's data, model and training keys, typed.
     device : torch.device
         Node config ``device`` wins over the run config's (a GPU box says ``cuda:0``).
     partition_id, num_partitions : int
@@ -33,7 +39,7 @@ class ClientRuntime:
         The raw node config (state folders and other node-local settings).
     """
 
-    settings: TrainingSettings
+    settings: TrainingSection
     device: torch.device
     partition_id: int
     num_partitions: int
@@ -42,7 +48,7 @@ class ClientRuntime:
     @classmethod
     def from_context(cls, context: Context) -> ClientRuntime:
         """Read settings, device and partition from a Flower context."""
-        settings = TrainingSettings.from_run_config(context.run_config)
+        settings = RunConfig.from_run_config(context.run_config).training
         node_config = dict(context.node_config)
         device = resolve_device(str(node_config.get("device", settings.device)))
         partition_id, num_partitions = node_partition(node_config)
@@ -86,7 +92,7 @@ class LocalTraining:
             batch_size=get_int(config, protocol.BATCH_SIZE, settings.batch_size),
             learning_rate=get_float(config, protocol.LEARNING_RATE, settings.learning_rate),
             momentum=get_float(config, protocol.MOMENTUM, settings.momentum),
-            proximal_mu=get_float(config, protocol.PROXIMAL_MU, 0.0),
+            proximal_mu=get_float(config, protocol.PROXIMAL_MU, settings.proximal_mu),
             max_steps=local_steps if local_steps > 0 else None,
             seed=runtime.task_seed(config),
         )

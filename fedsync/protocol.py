@@ -1,19 +1,53 @@
-"""The names that the ServerApp and the ClientApp agree on inside a Flower Message.
+"""What the ServerApp and the ClientApp send each other: typed task and reply records.
 
-Flower carries a ``RecordDict``; these constants say which records and keys a fedsync
-task and its reply use, so neither side spells a string twice. The core stays free of
-``flwr``: the adapters in ``clients/`` and ``server/`` build the records.
+Flower carries a ``RecordDict``; this module is the only place that builds or reads
+one for fedsync's messages (:meth:`TrainTask.to_record`, :meth:`TrainTask.from_record`,
+:meth:`TrainReply.to_record`, :meth:`TrainReply.from_record`), so neither side spells a
+record name or key twice. It is the one module of ``fedsync/`` that imports ``flwr``
+(its record types); the engine and everything under it do not.
 
-A **dense** task (the Flower FedAvg baseline) carries the model as Flower's usual
-``ArrayRecord`` of float32 arrays under :data:`ARRAYS`. A **compressed** task carries
-one uint8 array (an encoded frame, see :mod:`fedsync.wire`) under :data:`PAYLOAD` in
-the :data:`DOWNLINK` record; its reply carries the encoded update the same way in
-:data:`UPLINK`.
+The messages
+------------
+A **dense** task (Flower's FedAvg baseline) carries the model as Flower's usual
+``ArrayRecord`` of float32 arrays under :data:`ARRAYS`; its reply is the trained model
+the same way, plus :data:`METRICS`.
+
+A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
+
+* ``DOWNLINK`` ArrayRecord, ``PAYLOAD``: one uint8 array, an encoded frame. With
+  ``downlink-kind = "full"`` it decodes to the whole model (floating-point tensors);
+  with ``"delta"`` to a difference to add to the model this node last received (kept
+  in ``context.state``).
+* ``CONFIG`` ConfigRecord: ``model-version`` (= ``server-round``), ``local-epochs``,
+  ``local-steps``, ``learning-rate``, ``momentum``, ``batch-size``, ``proximal-mu``,
+  ``uplink-codec`` (the task's spec string, density and bits filled in),
+  ``downlink-kind``, ``task-seed`` and the training job (:data:`JOB_KEY`), which nodes
+  key their persisted codec state by.
+
+Its reply (:class:`TrainReply`) carries ``UPLINK`` ArrayRecord ``PAYLOAD`` (the encoded
+delta: local model minus the start model it decoded, error feedback applied on the
+client) and ``METRICS`` (``num-examples``, ``num-steps``, ``train-loss``,
+``compute-seconds``, ``uplink-bytes``). A reply whose payload is missing or not a 1-d
+uint8 array is read as *malformed* (:attr:`TrainReply.malformed` says why) rather than
+raising: the server rejects and counts it.
+
+Before the first task the server sends each node one QUERY (CONFIG
+:data:`PROBE_KEY` ``= 1``) and expects METRICS :data:`PARTITION_ID` back: Flower draws
+node ids at random in every simulation, and the partition id gives each device a stable
+index, so fleet assignment, application order and seeded draws repeat from run to run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedsync.persist import JOB_KEY
+from fedsync.records import get_float, get_int, get_str
 
 # --- record names -------------------------------------------------------------------
 ARRAYS: Final = "arrays"
@@ -56,3 +90,172 @@ NUM_STEPS: Final = "num-steps"
 UPLINK_BYTES: Final = "uplink-bytes"
 EVAL_LOSS: Final = "eval-loss"
 EVAL_ACCURACY: Final = "eval-accuracy"
+
+# --- the partition probe (QUERY) --------------------------------------------------------
+PROBE_KEY: Final = "fedsync-probe"
+"""CONFIG key of the QUERY message asking a node who it is (value 1)."""
+PARTITION_ID: Final = "partition-id"
+"""METRICS key of the probe's reply: the node's ``partition-id`` from its node config."""
+
+
+def payload_record(payload: bytes) -> ArrayRecord:
+    """One encoded frame as the single uint8 array of an ArrayRecord."""
+    return ArrayRecord({PAYLOAD: Array(np.frombuffer(payload, dtype=np.uint8).copy())})
+
+
+def read_payload(record: ArrayRecord | None, what: str) -> tuple[bytes, str]:
+    """The frame inside a DOWNLINK/UPLINK record and ``""``, or ``b""`` and why not.
+
+    ``what`` names the record in the reason (``"uplink"``, ``"downlink"``).
+    """
+    if record is None or PAYLOAD not in record:
+        return b"", f"message has no {what} payload"
+    array = record[PAYLOAD].numpy()
+    if array.dtype != np.uint8 or array.ndim != 1:
+        return b"", f"{what} payload must be 1-d uint8, got {array.dtype} {array.shape}"
+    return array.tobytes(), ""
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """A compressed training task (the asynchronous strategies' TRAIN message).
+
+    Attributes
+    ----------
+    payload : bytes
+        The encoded downlink frame.
+    downlink_kind : {"full", "delta"}
+        How the payload applies (see the module docstring).
+    version : int
+        The global model version the task starts from.
+    uplink_codec : str
+        The codec spec the update goes back with.
+    task_seed : int
+        Seeds the task's random choices (shuffling, stochastic rounding).
+    job : str
+        The training job (:data:`JOB_KEY`).
+    local_epochs, local_steps, batch_size : int
+        Local work (``local_steps = 0``: epochs decide).
+    learning_rate, momentum, proximal_mu : float
+        Local optimizer settings.
+    """
+
+    payload: bytes
+    downlink_kind: str
+    version: int
+    uplink_codec: str
+    task_seed: int
+    job: str = ""
+    local_epochs: int = 1
+    local_steps: int = 0
+    batch_size: int = 32
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    proximal_mu: float = 0.0
+
+    def to_record(self) -> RecordDict:
+        """The TRAIN message's content."""
+        config = ConfigRecord(
+            {
+                MODEL_VERSION: self.version,
+                SERVER_ROUND: self.version,
+                LOCAL_EPOCHS: self.local_epochs,
+                LOCAL_STEPS: self.local_steps,
+                LEARNING_RATE: self.learning_rate,
+                MOMENTUM: self.momentum,
+                BATCH_SIZE: self.batch_size,
+                PROXIMAL_MU: self.proximal_mu,
+                UPLINK_CODEC: self.uplink_codec,
+                DOWNLINK_KIND: self.downlink_kind,
+                TASK_SEED: self.task_seed,
+                JOB_KEY: self.job,
+            }
+        )
+        return RecordDict({DOWNLINK: payload_record(self.payload), CONFIG: config})
+
+    @classmethod
+    def from_record(cls, content: RecordDict, *, run_id: int = 0) -> TrainTask:
+        """Read a TRAIN message's content.
+
+        Raises
+        ------
+        fedsync.records.RecordValueError
+            A key is missing or of the wrong type.
+        ValueError
+            The downlink payload is missing or malformed.
+        """
+        payload, why = read_payload(content.array_records.get(DOWNLINK), "downlink")
+        if why:
+            raise ValueError(why)
+        config = content.config_records[CONFIG]
+        return cls(
+            payload=payload,
+            downlink_kind=get_str(config, DOWNLINK_KIND, "full"),
+            version=get_int(config, MODEL_VERSION, -1),
+            uplink_codec=get_str(config, UPLINK_CODEC),
+            task_seed=get_int(config, TASK_SEED, 0),
+            # The job a resumed server run continues (an older server: this run alone).
+            job=get_str(config, JOB_KEY, "") or f"run-{run_id}",
+            local_epochs=get_int(config, LOCAL_EPOCHS, 1),
+            local_steps=get_int(config, LOCAL_STEPS, 0),
+            batch_size=get_int(config, BATCH_SIZE, 32),
+            learning_rate=get_float(config, LEARNING_RATE, 0.1),
+            momentum=get_float(config, MOMENTUM, 0.0),
+            proximal_mu=get_float(config, PROXIMAL_MU, 0.0),
+        )
+
+    @staticmethod
+    def is_compressed(content: RecordDict) -> bool:
+        """Whether a TRAIN message is a compressed task (else: Flower's dense one)."""
+        return DOWNLINK in content
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A device's reply to a :class:`TrainTask`.
+
+    Attributes
+    ----------
+    payload : bytes
+        The encoded update (``b""`` when :attr:`malformed`).
+    metrics : dict of str to float
+        The numeric METRICS (``num-examples``, ``num-steps``, ``train-loss``, ...).
+    malformed : str
+        Why the reply could not be read (empty: it could).
+    """
+
+    payload: bytes
+    metrics: dict[str, float] = field(default_factory=dict)
+    malformed: str = ""
+
+    @property
+    def num_examples(self) -> int:
+        """Training examples the device holds (its weight in TEASQ-Fed)."""
+        return int(self.metrics.get(NUM_EXAMPLES, 0))
+
+    @property
+    def num_steps(self) -> int:
+        """Optimizer steps the task took."""
+        return int(self.metrics.get(NUM_STEPS, 0))
+
+    def to_record(self) -> RecordDict:
+        """The reply message's content."""
+        metrics = MetricRecord(
+            {
+                k: (int(v) if k in (NUM_EXAMPLES, NUM_STEPS, UPLINK_BYTES) else float(v))
+                for k, v in self.metrics.items()
+            }
+        )
+        return RecordDict({UPLINK: payload_record(self.payload), METRICS: metrics})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> TrainReply:
+        """Read a reply; a missing or malformed payload makes a *malformed* reply."""
+        payload, why = read_payload(content.array_records.get(UPLINK), "uplink")
+        metrics: Mapping[str, object] = content.metric_records.get(METRICS) or {}
+        numbers = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        return cls(payload, numbers, why)

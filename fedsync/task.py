@@ -10,18 +10,18 @@ from collections import OrderedDict
 
 import torch
 
+from fedsync.config import TrainingSection
 from fedsync.data import ArrayDataset, DatasetSplits, load_dataset, load_partition
 from fedsync.models import build_model, default_model_for
-from fedsync.settings import TrainingSettings
 from fedsync.updates import TensorSpec
 
 
-def dataset_for(settings: TrainingSettings) -> DatasetSplits:
+def dataset_for(settings: TrainingSection) -> DatasetSplits:
     """Load (once per process) the dataset the run config names."""
     return load_dataset(settings.dataset, settings.data_dir_or_none, seed=settings.seed)
 
 
-def model_for(settings: TrainingSettings) -> torch.nn.Module:
+def model_for(settings: TrainingSection) -> torch.nn.Module:
     """Build the run's model with a seeded initialisation (same on every process)."""
     splits = dataset_for(settings)
     name = default_model_for(settings.dataset) if settings.model == "auto" else settings.model
@@ -30,7 +30,7 @@ def model_for(settings: TrainingSettings) -> torch.nn.Module:
 
 
 def client_data(
-    settings: TrainingSettings, partition_id: int, num_partitions: int
+    settings: TrainingSection, partition_id: int, num_partitions: int
 ) -> tuple[ArrayDataset, ArrayDataset]:
     """This client's (train, validation) split of its partition."""
     return load_partition(

@@ -1,8 +1,9 @@
 """The fedsync ServerApp: picks the strategy the run config names and records the run.
 
 Every strategy writes the same results folder (``<results-dir>/<run>/``): an event log
-(``events.jsonl``), a ``summary.json`` and PNG plots; the central test-set evaluation is
-shared too, so numbers from different strategies compare like for like.
+(``events.jsonl``), a ``summary.json`` (one :class:`~fedsync.reports.RunSummary`) and
+PNG plots; the central test-set evaluation is shared too, so numbers from different
+strategies compare like for like.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder
-from fedsync.settings import SettingsError, TrainingSettings
 from server.evaluation import CentralEvaluator
 from server.registry import STRATEGIES
 
@@ -25,21 +26,17 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the strategy named by the ``strategy`` run config key."""
-    settings = TrainingSettings.from_run_config(context.run_config)
-    runner = STRATEGIES.get(settings.strategy)
-    if runner is None:
-        raise SettingsError(
-            f"unknown strategy {settings.strategy!r}; valid: {', '.join(sorted(STRATEGIES))}"
-        )
-    recorder = RunRecorder(settings.results_path(), settings.run_name)
-    log(INFO, "[fedsync] strategy %s, results in %s", settings.strategy, recorder.folder)
+    config = RunConfig.from_run_config(context.run_config)
+    runner = STRATEGIES[config.strategy]
+    recorder = RunRecorder(config.output.results_path(), config.output.run_name)
+    log(INFO, "[fedsync] strategy %s, results in %s", config.strategy, recorder.folder)
     recorder.events.write(
-        "run_start", strategy=settings.strategy, run_config=dict(context.run_config)
+        "run_start", strategy=config.strategy, run_config=dict(context.run_config)
     )
-    evaluator = CentralEvaluator(settings)
+    evaluator = CentralEvaluator(config.training)
     started = time.monotonic()
     try:
-        summary = runner(grid, context, settings, recorder, evaluator)
+        summary = runner(grid, context, config, recorder, evaluator).to_dict()
         summary["wall_seconds"] = round(time.monotonic() - started, 3)
         recorder.write_summary(summary)
         recorder.events.write("run_end", wall_seconds=summary["wall_seconds"])

@@ -10,7 +10,7 @@ fsync, ``os.replace``) and keeps the newest few. A new run with ``resume=true`` 
 aggregations since it (plus the updates cached for the next one, and the tasks then in
 flight).
 
-Run-config keys (read by :class:`CheckpointSettings`):
+Run-config keys (:class:`fedsync.config.CheckpointSection`):
 
 * ``checkpoint-every`` -- save every N aggregations, and once at the end (0: never);
 * ``checkpoint-dir`` -- the checkpoints' folder (empty: ``<results folder>/checkpoints``);
@@ -36,18 +36,19 @@ import torch
 from flwr.common.logger import log
 
 from fedsync.aggregation.progress import RunTally, TargetReached
+from fedsync.config import CheckpointSection, SettingsError
 from fedsync.persist import atomic_write_bytes
-from fedsync.settings import SettingsError
 
 __all__ = [
     "FORMAT",
     "AsyncCheckpoint",
     "CheckpointError",
-    "CheckpointSettings",
     "CheckpointStore",
     "check_fits",
+    "find_resume",
     "load_checkpoint",
     "restore_tally",
+    "store_for",
     "tally_state",
 ]
 
@@ -255,79 +256,45 @@ def load_checkpoint(path: Path) -> AsyncCheckpoint:
 
 
 # --- run config ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CheckpointSettings:
-    """The checkpoint and resume run-config keys (see the module docstring)."""
-
-    every: int = 10
-    folder: str = ""
-    resume: bool = False
-    resume_from: str = ""
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise SettingsError(f"run config 'checkpoint-every' must be >= 0, got {self.every}")
-
-    @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> CheckpointSettings:
-        """Read ``checkpoint-every``, ``checkpoint-dir``, ``resume``, ``resume-from``."""
-        return cls(
-            every=_read(run_config, "checkpoint-every", int, cls.every),
-            folder=_read(run_config, "checkpoint-dir", str, cls.folder),
-            resume=_read(run_config, "resume", bool, cls.resume),
-            resume_from=_read(run_config, "resume-from", str, cls.resume_from),
-        )
-
-    def store(self, results_folder: Path) -> CheckpointStore:
-        """The store in ``checkpoint-dir``, or in the run's results folder."""
-        folder = Path(self.folder).expanduser() if self.folder else results_folder / "checkpoints"
-        return CheckpointStore(folder.resolve())
-
-    def find_resume(
-        self, store: CheckpointStore, *, run_name: str
-    ) -> tuple[Path, AsyncCheckpoint] | None:
-        """The checkpoint this run continues from, or ``None`` for a fresh start.
-
-        Raises
-        ------
-        CheckpointError
-            ``resume-from`` names nothing readable.
-        SettingsError
-            ``resume=true`` with neither ``run-name`` nor ``checkpoint-dir``: the
-            results folder would be a new timestamped one, with nothing to resume.
-        """
-        if self.resume_from:
-            path = Path(self.resume_from).expanduser().resolve()
-            if path.is_dir():
-                found = CheckpointStore(path).latest()
-                if found is None:
-                    raise CheckpointError(f"resume-from: no readable checkpoint in {path}")
-                return found
-            return path, load_checkpoint(path)
-        if not self.resume:
-            return None
-        if not self.folder and not run_name:
-            raise SettingsError(
-                "resume=true needs 'run-name' (the results folder to resume) or "
-                "'checkpoint-dir'; or name a file with 'resume-from'"
-            )
-        found = store.latest()
-        if found is None:
-            # A supervisor restarting a job that crashed before its first checkpoint.
-            log(WARNING, "[fedsync] resume=true but no checkpoint in %s: fresh start", store.folder)
-        else:
-            log(INFO, "[fedsync] resuming from %s (v%d)", found[0], found[1].version)
-        return found
+def store_for(section: CheckpointSection, results_folder: Path) -> CheckpointStore:
+    """The store in ``checkpoint-dir``, or in the run's results folder."""
+    folder = section.checkpoint_dir
+    path = Path(folder).expanduser() if folder else results_folder / "checkpoints"
+    return CheckpointStore(path.resolve())
 
 
-def _read(config: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
-    value = config.get(key, default)
-    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+def find_resume(
+    section: CheckpointSection, store: CheckpointStore, *, run_name: str
+) -> tuple[Path, AsyncCheckpoint] | None:
+    """The checkpoint this run continues from, or ``None`` for a fresh start.
+
+    Raises
+    ------
+    CheckpointError
+        ``resume-from`` names nothing readable.
+    SettingsError
+        ``resume=true`` with neither ``run-name`` nor ``checkpoint-dir``: the results
+        folder would be a new timestamped one, with nothing to resume.
+    """
+    if section.resume_from:
+        path = Path(section.resume_from).expanduser().resolve()
+        if path.is_dir():
+            found = CheckpointStore(path).latest()
+            if found is None:
+                raise CheckpointError(f"resume-from: no readable checkpoint in {path}")
+            return found
+        return path, load_checkpoint(path)
+    if not section.resume:
+        return None
+    if not section.checkpoint_dir and not run_name:
         raise SettingsError(
-            f"run config '{key}' must be {kind.__name__}, got {value!r} ({type(value).__name__})"
+            "resume=true needs 'run-name' (the results folder to resume) or "
+            "'checkpoint-dir'; or name a file with 'resume-from'"
         )
-    return value
+    found = store.latest()
+    if found is None:
+        # A supervisor restarting a job that crashed before its first checkpoint.
+        log(WARNING, "[fedsync] resume=true but no checkpoint in %s: fresh start", store.folder)
+    else:
+        log(INFO, "[fedsync] resuming from %s (v%d)", found[0], found[1].version)
+    return found

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import torch
 
+from fedsync.config import TrainingSection, resolve_device
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.settings import TrainingSettings, resolve_device
 from fedsync.task import dataset_for, model_for
 
 
@@ -16,11 +16,11 @@ class CentralEvaluator:
 
     Parameters
     ----------
-    settings : TrainingSettings
+    settings : TrainingSection
         Which dataset and model; the device comes from ``device`` (CUDA when present).
     """
 
-    def __init__(self, settings: TrainingSettings) -> None:
+    def __init__(self, settings: TrainingSection) -> None:
         self.settings = settings
         self.device = resolve_device(settings.device)
         self.model = model_for(settings).to(self.device)

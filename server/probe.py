@@ -17,10 +17,8 @@ from flwr.serverapp import Grid
 
 from fedsync import protocol
 
-PROBE_KEY = "fedsync-probe"
-"""CONFIG key of the QUERY message asking a node who it is (value 1)."""
-PARTITION_ID = "partition-id"
-"""METRICS key of the probe's reply: the node's ``partition-id`` from its node config."""
+PROBE_KEY = protocol.PROBE_KEY
+PARTITION_ID = protocol.PARTITION_ID
 
 
 def probe_partitions(

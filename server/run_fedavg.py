@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from logging import INFO
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
@@ -12,54 +11,48 @@ from flwr.serverapp import Grid
 
 from fedsync import protocol
 from fedsync.aggregation.progress import RunTally
-from fedsync.reports import RunRecorder, plot_run
-from fedsync.settings import TrainingSettings
+from fedsync.config import RunConfig
+from fedsync.reports import RunRecorder, RunSummary, plot_run
 from server.evaluation import CentralEvaluator
 from server.fedavg import MeteredFedAvg
 from server.sync_timing import SyncRoundClock
 
 
-def _fleet_settings(run_config: Any) -> tuple[str, str, float, float]:
-    """``fleet``, ``fleet-assignment``, ``target-accuracy``, ``probe-timeout``."""
-    return (
-        str(run_config.get("fleet", "")),
-        str(run_config.get("fleet-assignment", "order")),
-        float(run_config.get("target-accuracy", 0.0)),
-        float(run_config.get("probe-timeout", 30.0)),
-    )
-
-
 def run_fedavg(
     grid: Grid,
     context: Context,
-    settings: TrainingSettings,
+    config: RunConfig,
     recorder: RunRecorder,
     evaluator: CentralEvaluator,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run Flower's FedAvg for ``num-rounds`` rounds with central evaluation.
 
     Returns
     -------
-    dict
-        The summary (the same fields as the asynchronous strategies'): per-round
-        accuracy, loss, exact bytes up/down and simulated time; totals; time and bytes
-        to ``target-accuracy``.
+    RunSummary
+        The same result as the asynchronous strategies': per-round accuracy, loss,
+        exact bytes up/down and simulated time; totals; time and bytes to
+        ``target-accuracy``.
     """
-    fleet, assignment, target_accuracy, probe_timeout = _fleet_settings(context.run_config)
+    settings, rounds = config.training, config.fedavg
     timing = SyncRoundClock(
-        fleet, assignment=assignment, seed=settings.seed, probe_timeout=probe_timeout
+        config.clock.fleet,
+        assignment=config.clock.fleet_assignment,
+        seed=settings.seed,
+        probe_timeout=config.runtime.probe_timeout,
     )
     strategy = MeteredFedAvg(
         recorder,
         timing,
         epochs=settings.local_epochs,
         batch_size=settings.batch_size,
-        fraction_train=settings.fraction_train,
-        fraction_evaluate=settings.fraction_evaluate,
-        min_train_nodes=settings.min_train_nodes,
-        min_evaluate_nodes=settings.min_train_nodes if settings.fraction_evaluate > 0 else 0,
-        min_available_nodes=settings.min_train_nodes,
+        fraction_train=rounds.fraction_train,
+        fraction_evaluate=rounds.fraction_evaluate,
+        min_train_nodes=rounds.min_train_nodes,
+        min_evaluate_nodes=rounds.min_train_nodes if rounds.fraction_evaluate > 0 else 0,
+        min_available_nodes=rounds.min_train_nodes,
     )
+    target_accuracy = config.stop.target_accuracy
     tally = RunTally(target_accuracy=target_accuracy)
     started = time.monotonic()
 
@@ -85,7 +78,7 @@ def run_fedavg(
             INFO,
             "[fedsync] round %d/%d: test accuracy %.4f, loss %.4f, simulated %.1f s, wall %.1f s",
             server_round,
-            settings.num_rounds,
+            rounds.num_rounds,
             result["accuracy"],
             result["loss"],
             timing.now(),
@@ -105,18 +98,20 @@ def run_fedavg(
     strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(evaluator.initial_state()),
-        num_rounds=settings.num_rounds,
+        num_rounds=rounds.num_rounds,
         train_config=train_config,
         evaluate_fn=evaluate_fn,
     )
 
     plot_run(tally.evaluations, recorder.folder, "fedavg", target=target_accuracy or None)
-    return {
-        "strategy": "fedavg",
-        "dataset": settings.dataset,
-        "num_rounds": settings.num_rounds,
-        "sim_time": round(timing.now(), 6),
-        **tally.summary(),
-        "fleet": timing.spec.name,
-        "rounds": tally.evaluations,
-    }
+    return RunSummary(
+        strategy=RunConfig.BASELINE,
+        stop_reason="num-rounds",
+        aggregations=rounds.num_rounds,
+        sim_time=timing.now(),
+        wall_time=time.monotonic() - started,
+        tally=tally,
+        fleet=timing.spec.name,
+        config=config.as_run_config(),
+        details={"dataset": settings.dataset},
+    )

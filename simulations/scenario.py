@@ -27,7 +27,7 @@ comparison shares and what each one changes::
 Every run-config key must be one of ``[tool.flwr.app.config]`` in ``pyproject.toml``,
 with a value of the same type as its default there (an int is accepted for a float);
 the strategy's merged settings are then checked by the readers the apps use
-(:class:`fedsync.settings.TrainingSettings`, :class:`fedsync.aggregation.config.AsyncConfig`),
+(:class:`fedsync.config.RunConfig`),
 so a bad value fails here, before a SuperLink starts, with a message naming the
 scenario, the table and the key. ``data-dir`` is resolved relative to the project root
 (the Flower app's processes do not run in it); ``results-dir`` and ``run-name`` belong
@@ -44,10 +44,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from fedsync.aggregation.config import AsyncConfig
-from fedsync.aggregation.policies import POLICIES
 from fedsync.clock import load_fleet
-from fedsync.settings import TrainingSettings
+from fedsync.config import RunConfig
+from fedsync.strategies import STRATEGIES
 
 __all__ = [
     "PROJECT_ROOT",
@@ -73,7 +72,7 @@ RunConfigValue = bool | int | float | str
 RESERVED_KEYS = frozenset({"results-dir", "run-name"})
 LENGTH_KEYS: Mapping[str, tuple[str, ...]] = {
     "fedavg": ("num-rounds",),
-    **{policy: ("max-aggregations", "max-tasks") for policy in POLICIES},
+    **dict.fromkeys(STRATEGIES, ("max-aggregations", "max-tasks")),
 }
 """Per strategy, the run-config keys that say how long a run is (:meth:`Scenario.scaled`)."""
 """Run-config keys the runner sets per strategy (each run gets its own folder)."""
@@ -341,7 +340,7 @@ def parse_scenario(
         own = _resolve_paths(_run_config(overrides, defaults, table_name), project_root)
         if "strategy" not in own:
             raise ScenarioError(
-                f"{table_name}: must set 'strategy' (fedavg, {', '.join(POLICIES)})"
+                f"{table_name}: must set 'strategy' (fedavg, {', '.join(STRATEGIES)})"
             )
         merged = {**shared, **own}
         _check_with_app_readers({**defaults, **merged}, table_name)
@@ -482,14 +481,7 @@ def _check_with_app_readers(config: Mapping[str, RunConfigValue], where: str) ->
     keys on top.
     """
     try:
-        settings = TrainingSettings.from_run_config(config)
-        if settings.strategy in POLICIES:
-            AsyncConfig.from_run_config(config)
-        elif settings.strategy != "fedavg":
-            raise ValueError(
-                f"run config 'strategy' must be fedavg or one of {', '.join(POLICIES)}, "
-                f"got {settings.strategy!r}"
-            )
+        RunConfig.from_run_config(config)
         load_fleet(str(config.get("fleet", "")))
     except (ValueError, FileNotFoundError) as err:
         raise ScenarioError(f"{where}: {err}") from err

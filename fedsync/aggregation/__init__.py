@@ -1,5 +1,5 @@
 """Asynchronous aggregation: staleness weights, the K-update buffer, server optimizers,
-policies (TEASQ-Fed, FedBuff, FedAsync), the work scheduler and the compression schedule.
+the work scheduler, the downlink encoder, the norm guard and the compression schedule.
 
 Everything here works on :class:`~fedsync.updates.SparseTensor` updates and plain
 tensors; nothing imports Flower or knows which clock drives it.
@@ -10,14 +10,6 @@ from fedsync.aggregation.buffer import (
     BufferFull,
     BufferNotReady,
     UpdateBuffer,
-)
-from fedsync.aggregation.policies import (
-    POLICIES,
-    AsyncPolicy,
-    build_policy,
-    fedasync,
-    fedbuff,
-    teasq,
 )
 from fedsync.aggregation.schedule import DEFAULT_UPLINK_TEMPLATE, CompressionSchedule
 from fedsync.aggregation.scheduler import DeviceState, SchedulerError, TaskScheduler
@@ -42,10 +34,8 @@ from fedsync.aggregation.validation import InvalidUpdate, validate_update
 
 __all__ = [
     "DEFAULT_UPLINK_TEMPLATE",
-    "POLICIES",
     "SERVER_OPTIMIZERS",
     "STALENESS_FUNCTIONS",
-    "AsyncPolicy",
     "BufferFull",
     "BufferNotReady",
     "BufferedAggregate",
@@ -64,11 +54,7 @@ __all__ = [
     "StalenessFunction",
     "TaskScheduler",
     "UpdateBuffer",
-    "build_policy",
     "build_server_optimizer",
-    "fedasync",
-    "fedbuff",
     "parse_staleness",
-    "teasq",
     "validate_update",
 ]

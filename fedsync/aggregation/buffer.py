@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from fedsync.aggregation.validation import validate_update
+from fedsync.aggregation.validation import InvalidUpdate, validate_dense, validate_update
 from fedsync.updates import SparseTensor, TensorSpec
 from kernels.triton import scatter_add_
 
@@ -114,18 +114,18 @@ class UpdateBuffer:
         """Sum of the weights cached so far."""
         return self._weight_sum
 
-    def add(self, update: Mapping[str, SparseTensor], weight: float) -> int:
-        """Scatter-add ``weight * update`` into the accumulators.
+    def add(self, update: Mapping[str, SparseTensor | torch.Tensor], weight: float) -> int:
+        """Add ``weight * update`` into the accumulators.
 
         The update is validated in full first, so a bad one leaves the cache untouched.
 
         Parameters
         ----------
-        update : mapping of str to SparseTensor
-            A decoded update with every model tensor.
+        update : mapping of str to SparseTensor or torch.Tensor
+            A decoded update with every model tensor: sparse tensors are scatter-added,
+            dense tensors (of the model tensor's shape) added whole.
         weight : float
-            Its aggregation weight (staleness factor times data size times mixing),
-            finite and ``>= 0``.
+            Its aggregation weight (the strategy's), finite and ``>= 0``.
 
         Returns
         -------
@@ -147,8 +147,14 @@ class UpdateBuffer:
             )
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"update weight must be finite and >= 0, got {weight}")
-        validate_update(update, self.specs)
-        for name, tensor in update.items():
+        sparse = {n: t for n, t in update.items() if isinstance(t, SparseTensor)}
+        dense = {n: t for n, t in update.items() if not isinstance(t, SparseTensor)}
+        validate_update(sparse, self.specs, require_all=False)
+        validate_dense(dense, self.specs)
+        missing = sorted(set(self.specs) - set(update))
+        if missing:
+            raise InvalidUpdate(f"update lacks model tensors: {missing[:5]}")
+        for name, tensor in sparse.items():
             if tensor.nnz == 0:
                 continue
             indices = tensor.indices.to(self.device)
@@ -157,6 +163,9 @@ class UpdateBuffer:
             # deterministic per-coordinate sum (Triton on CUDA, index_add_ elsewhere,
             # bit-identical; see kernels.triton.scatter).
             scatter_add_(self._sums[name], indices, values, weight)
+        for name, array in dense.items():
+            flat = array.reshape(-1).to(self.device, dtype=torch.float32)
+            self._sums[name].add_(flat, alpha=weight)
         self._count += 1
         self._weight_sum += float(weight)
         return self._count

@@ -50,10 +50,12 @@ CodecFactory = Callable[[str], UpdateCodecLike]
 
 @dataclass(frozen=True)
 class DownlinkPayload:
-    """One task's downlink: the bytes, and how the device must apply them."""
+    """One task's downlink: the bytes, how the device must apply them, and (when the
+    encoder keeps starts) the model the device will hold once it has applied them."""
 
     payload: bytes
     kind: DownlinkKind
+    start: dict[str, torch.Tensor] | None = None
 
 
 class DownlinkEncoder:
@@ -69,6 +71,9 @@ class DownlinkEncoder:
         Downlink mode (see the module docstring).
     delta_codec : UpdateCodecLike, optional
         Codec for delta payloads (``downlink-delta-codec``); required with ``"delta"``.
+    keep_start : bool
+        Return with each payload the model it decodes to on the device
+        (:attr:`DownlinkPayload.start`), for strategies that mix models.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class DownlinkEncoder:
         full_codec: UpdateCodecLike,
         kind: DownlinkKind = "full",
         delta_codec: UpdateCodecLike | None = None,
+        keep_start: bool = False,
     ) -> None:
         if kind not in ("full", "delta"):
             raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
@@ -87,6 +93,7 @@ class DownlinkEncoder:
         self.kind: DownlinkKind = kind
         self._full_codec = full_codec
         self._delta_codec = delta_codec
+        self.keep_start = keep_start
         # --- caches and per-device state ---
         self._full: tuple[int, bytes, dict[str, torch.Tensor] | None] | None = None
         self._replicas: dict[int, dict[str, torch.Tensor]] = {}
@@ -109,22 +116,24 @@ class DownlinkEncoder:
         replica = self._replicas.get(node_id) if self.kind == "delta" else None
         if replica is None:
             payload, decoded = self._full_payload(state, version)
+            start = None
+            if decoded is not None:
+                start = {name: t.to(state[name].dtype, copy=True) for name, t in decoded.items()}
             if self.kind == "delta":
-                assert decoded is not None
-                self._pending[node_id] = {
-                    name: t.to(state[name].dtype, copy=True) for name, t in decoded.items()
-                }
-            return DownlinkPayload(payload, "full")
+                assert start is not None
+                self._pending[node_id] = start
+            return DownlinkPayload(payload, "full", start if self.keep_start else None)
         assert self._delta_codec is not None
         # The difference in the model's own dtype: the frame's tensor table then matches
         # the specs the device decodes against.
         diff = {name: (state[name] - replica[name]).to(state[name].dtype) for name in self.specs}
         payload = self._delta_codec.encode(diff)
         decoded = densify(self._delta_codec.decode(payload, self.specs))
-        self._pending[node_id] = {
+        start = {
             name: (replica[name] + decoded[name]).to(replica[name].dtype) for name in self.specs
         }
-        return DownlinkPayload(payload, "delta")
+        self._pending[node_id] = start
+        return DownlinkPayload(payload, "delta", start if self.keep_start else None)
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload decoded to."""
@@ -149,7 +158,7 @@ class DownlinkEncoder:
             payload = self._full_codec.encode({name: state[name] for name in self.specs})
             decoded = (
                 densify(self._full_codec.decode(payload, self.specs))
-                if self.kind == "delta"
+                if self.kind == "delta" or self.keep_start
                 else None
             )
             self._full = (version, payload, decoded)

@@ -15,7 +15,7 @@ import torch
 
 from fedsync.updates import SparseTensor, TensorSpec
 
-__all__ = ["InvalidUpdate", "validate_update"]
+__all__ = ["InvalidUpdate", "validate_dense", "validate_update"]
 
 
 class InvalidUpdate(ValueError):
@@ -90,3 +90,21 @@ def _validate_tensor(name: str, tensor: SparseTensor, spec: TensorSpec) -> None:
         raise InvalidUpdate(f"tensor {name!r}: positions not strictly increasing")
     if not bool(torch.isfinite(values).all()):
         raise InvalidUpdate(f"tensor {name!r}: values contain NaN or Inf")
+
+
+def validate_dense(update: Mapping[str, torch.Tensor], specs: Mapping[str, TensorSpec]) -> None:
+    """Raise :class:`InvalidUpdate` unless every dense tensor is a known model tensor of
+    its shape, floating point and finite (missing tensors are allowed here)."""
+    unknown = sorted(set(update) - set(specs))
+    if unknown:
+        raise InvalidUpdate(f"update has tensors the model does not: {unknown[:5]}")
+    for name, tensor in update.items():
+        if tuple(tensor.shape) != tuple(specs[name].shape):
+            raise InvalidUpdate(
+                f"tensor {name!r}: shape {tuple(tensor.shape)} != model shape "
+                f"{tuple(specs[name].shape)}"
+            )
+        if not tensor.is_floating_point():
+            raise InvalidUpdate(f"tensor {name!r}: dense values must be floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise InvalidUpdate(f"tensor {name!r}: values contain NaN or Inf")

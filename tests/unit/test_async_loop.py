@@ -11,6 +11,7 @@ of the targets; its "accuracy" is ``1 / (1 + squared distance)``.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from collections.abc import Callable, Iterable, Mapping
@@ -23,14 +24,15 @@ import torch
 from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import server.async_loop as async_loop
+import server.channel as channel
 import server.probe as probe
 from fedsync import protocol
-from fedsync.aggregation.config import AsyncConfig, AsyncConfigError
 from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunRecorder, read_events
 from fedsync.updates import SparseTensor, SparseUpdate, TensorSpec
-from server.async_loop import AsyncCheckpoint, AsyncResult, run_async
+from server.checkpoint import AsyncCheckpoint
+from server.run_async import AsyncResult, run_async
 
 SHAPES = {"layer.weight": (32, 16), "layer.bias": (16,)}
 
@@ -269,24 +271,28 @@ def run(
         "plots": False,  # matplotlib costs ~1 s a run; one test draws them
     }
     settings.update(overrides)
-    config = AsyncConfig(**settings)
+    config = RunConfig.of(**settings)
     clients = FakeClients(behaviour, real=real_codec, partitions=partitions)
     grid = FakeGrid(nodes, clients, seed=grid_seed, push_fail=push_fail)
     recorder = RunRecorder(tmp_path, name)
     try:
         result = run_async(
             grid,  # type: ignore[arg-type]
-            None,  # type: ignore[arg-type]  # the config is given: the context is unused
+            config,
             recorder=recorder,
             global_state=initial_state(),
             evaluate_fn=make_evaluate([(partitions or {}).get(n, n) for n in nodes]),
-            config=config,
             codec_factory=None if real_codec else DenseCodec,
             sleep=lambda _: None,
         )
     finally:
         recorder.close()
     return result, list(read_events(recorder.events_path)), grid, clients
+
+
+def with_stop(config: RunConfig, **stop: Any) -> RunConfig:
+    """``config`` with other stop settings (a longer run of the same job)."""
+    return dataclasses.replace(config, stop=dataclasses.replace(config.stop, **stop))
 
 
 def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -545,7 +551,7 @@ def test_offline_and_dropout_losses_are_counted_not_retired(tmp_path: Path) -> N
 
 
 def test_failed_push_and_silent_nodes_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(async_loop, "_TTL_GRACE_S", 0.0)
+    monkeypatch.setattr(channel, "TTL_GRACE_S", 0.0)
     result, events, _, _ = run(
         tmp_path,
         "lost",
@@ -566,12 +572,13 @@ def test_failed_push_and_silent_nodes_end(tmp_path: Path, monkeypatch: pytest.Mo
 def test_resume_from_a_checkpoint(tmp_path: Path) -> None:
     saved: list[AsyncCheckpoint] = []
     nodes = NODES[:5]
-    config = AsyncConfig(
+    config = RunConfig.of(
         strategy="fedbuff",
         server_optimizer="momentum",
         server_learning_rate=0.5,
         max_aggregations=4,
         eval_every=2,
+        checkpoint_every=0,  # 0: a checkpoint at every evaluation
         uplink_codec="x",
         downlink_codec="x",
         plots=False,
@@ -579,11 +586,10 @@ def test_resume_from_a_checkpoint(tmp_path: Path) -> None:
     recorder = RunRecorder(tmp_path, "first")
     first = run_async(
         FakeGrid(nodes, FakeClients()),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        config,
         recorder=recorder,
         global_state=initial_state(),
         evaluate_fn=make_evaluate(nodes),
-        config=config,
         codec_factory=DenseCodec,
         checkpoint_fn=saved.append,
         sleep=lambda _: None,
@@ -594,11 +600,10 @@ def test_resume_from_a_checkpoint(tmp_path: Path) -> None:
     recorder = RunRecorder(tmp_path, "second")
     second = run_async(
         FakeGrid(nodes, FakeClients()),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        with_stop(config, max_aggregations=8),
         recorder=recorder,
         global_state=initial_state(),
         evaluate_fn=make_evaluate(nodes),
-        config=AsyncConfig(**{**config.__dict__, "max_aggregations": 8}),
         codec_factory=DenseCodec,
         resume=saved[-1],
         sleep=lambda _: None,
@@ -680,7 +685,7 @@ def test_real_codec_garbage_is_rejected(tmp_path: Path) -> None:
 
 
 def test_downlink_codec_with_error_feedback_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(AsyncConfigError, match="must not use error feedback"):
+    with pytest.raises(SettingsError, match="must not use error feedback"):
         run(
             tmp_path,
             "ef",

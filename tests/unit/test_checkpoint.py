@@ -1,6 +1,6 @@
 """Server checkpoints: atomic files, the newest readable one, settings, and a resumed loop.
 
-The loop-level tests run :func:`server.async_loop.run_async` on the in-process fake
+The loop-level tests run :func:`server.run_async.run_async` on the in-process fake
 Grid of ``tests/unit/test_async_loop.py`` (Flower's Message API, scrambled arrivals).
 """
 
@@ -13,22 +13,22 @@ from typing import Any
 import pytest
 import torch
 
-from fedsync.aggregation.config import AsyncConfig
 from fedsync.aggregation.progress import RunTally
+from fedsync.config import CheckpointSection, RunConfig, SettingsError
 from fedsync.persist import JOB_KEY, atomic_write_bytes
 from fedsync.reports import RunRecorder, read_events
-from fedsync.settings import SettingsError
-from server.async_loop import AsyncResult, run_async
 from server.checkpoint import (
     AsyncCheckpoint,
     CheckpointError,
-    CheckpointSettings,
     CheckpointStore,
     check_fits,
+    find_resume,
     load_checkpoint,
     restore_tally,
+    store_for,
     tally_state,
 )
+from server.run_async import AsyncResult, run_async
 from tests.unit.test_async_loop import (  # the fake Grid and clients, and their fixture
     NODES,
     DenseCodec,
@@ -117,42 +117,42 @@ def test_tally_counters_round_trip() -> None:
 
 # --- settings ---------------------------------------------------------------------------------
 def test_settings_from_run_config_and_where_to_resume(tmp_path: Path) -> None:
-    assert CheckpointSettings.from_run_config({}) == CheckpointSettings()
-    settings = CheckpointSettings.from_run_config(
+    assert CheckpointSection.from_run_config({}) == CheckpointSection()
+    settings = CheckpointSection.from_run_config(
         {"checkpoint-every": 3, "checkpoint-dir": "", "resume": "true", "resume-from": ""}
     )
-    assert settings.every == 3 and settings.resume
-    store = settings.store(tmp_path / "results" / "job")
+    assert settings.checkpoint_every == 3 and settings.resume
+    store = store_for(settings, tmp_path / "results" / "job")
     assert store.folder == (tmp_path / "results" / "job" / "checkpoints").resolve()
-    assert settings.find_resume(store, run_name="job") is None  # nothing yet: fresh start
+    assert find_resume(settings, store, run_name="job") is None  # nothing yet: fresh start
     store.save(checkpoint(3))
-    found = settings.find_resume(store, run_name="job")
+    found = find_resume(settings, store, run_name="job")
     assert found is not None and found[1].version == 3
     with pytest.raises(SettingsError, match="run-name"):
-        settings.find_resume(store, run_name="")
-    assert CheckpointSettings(resume=False).find_resume(store, run_name="job") is None
-    from_folder = CheckpointSettings(resume_from=str(store.folder))
-    assert from_folder.find_resume(store, run_name="")[1].version == 3  # type: ignore[index]
+        find_resume(settings, store, run_name="")
+    assert find_resume(CheckpointSection(resume=False), store, run_name="job") is None
+    from_folder = CheckpointSection(resume_from=str(store.folder))
+    assert find_resume(from_folder, store, run_name="")[1].version == 3  # type: ignore[index]
     with pytest.raises(CheckpointError):
-        CheckpointSettings(resume_from=str(tmp_path / "nope.pt")).find_resume(store, run_name="")
+        find_resume(CheckpointSection(resume_from=str(tmp_path / "nope.pt")), store, run_name="")
     with pytest.raises(SettingsError, match="checkpoint-every"):
-        CheckpointSettings.from_run_config({"checkpoint-every": -1})
+        CheckpointSection.from_run_config({"checkpoint-every": -1})
     with pytest.raises(SettingsError, match="resume"):
-        CheckpointSettings.from_run_config({"resume": 1})
+        CheckpointSection.from_run_config({"resume": 1})
 
 
 # --- the loop ---------------------------------------------------------------------------------
-CONFIG = AsyncConfig(
-    strategy="fedbuff",
-    server_optimizer="momentum",
-    server_learning_rate=0.5,
-    concurrency=4,
-    buffer_size=2,
-    eval_every=2,
-    uplink_codec="x",
-    downlink_codec="x",
-    plots=False,
-)
+CONFIG: dict[str, Any] = {
+    "strategy": "fedbuff",
+    "server_optimizer": "momentum",
+    "server_learning_rate": 0.5,
+    "concurrency": 4,
+    "buffer_size": 2,
+    "eval_every": 2,
+    "uplink_codec": "x",
+    "downlink_codec": "x",
+    "plots": False,
+}
 
 
 def run(
@@ -168,15 +168,15 @@ def run(
     try:
         return run_async(
             FakeGrid(NODES[:5], clients),  # type: ignore[arg-type]
-            None,  # type: ignore[arg-type]
+            RunConfig.of(
+                **{**CONFIG, "checkpoint_every": 2 if store is not None else 0, **overrides}
+            ),
             recorder=recorder,
             global_state=initial_state(),
             evaluate_fn=make_evaluate(NODES[:5]),
-            config=AsyncConfig(**{**CONFIG.__dict__, **overrides}),
             codec_factory=DenseCodec,
             resume=resume,
             checkpoint_fn=store.save if store is not None else None,
-            checkpoint_every=2 if store is not None else 0,
             sleep=lambda _: None,
         )
     finally:
@@ -232,14 +232,12 @@ def test_a_failing_checkpoint_does_not_end_the_run(tmp_path: Path) -> None:
     recorder = RunRecorder(tmp_path, "broken")
     result = run_async(
         FakeGrid(NODES[:3], FakeClients()),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        RunConfig.of(**{**CONFIG, "max_aggregations": 4, "checkpoint_every": 2}),
         recorder=recorder,
         global_state=initial_state(),
         evaluate_fn=make_evaluate(NODES[:3]),
-        config=AsyncConfig(**{**CONFIG.__dict__, "max_aggregations": 4}),
         codec_factory=DenseCodec,
         checkpoint_fn=broken,
-        checkpoint_every=2,
         sleep=lambda _: None,
     )
     recorder.close()

@@ -18,13 +18,12 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 
 from clients.faults import FAULT_KINDS, FaultInjector
 from fedsync import protocol
-from fedsync.aggregation.config import AsyncConfig
+from fedsync.aggregation.guard import UpdateNormGuard
 from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig, SettingsError
 from fedsync.records import get_int, get_str
 from fedsync.reports import RunRecorder, read_events
-from fedsync.settings import SettingsError
-from server.async_loop import AsyncResult, run_async
-from server.update_guard import UpdateNormGuard
+from server.run_async import AsyncResult, run_async
 from tests.unit.test_async_loop import (
     SHAPES,
     FakeGrid,
@@ -97,11 +96,10 @@ def run(
     try:
         result = run_async(
             FakeGrid(nodes, Nodes(injectors)),  # type: ignore[arg-type]
-            None,  # type: ignore[arg-type]
+            RunConfig.of(**settings),
             recorder=recorder,
             global_state=initial_state(),
             evaluate_fn=make_evaluate(nodes),
-            config=AsyncConfig(**settings),
             norm_guard=guard,
             sleep=lambda _: None,
         )

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-import server.async_loop as async_loop
-from fedsync.aggregation.config import AsyncConfig
+import server.async_run as async_run
+from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, read_events
-from server.async_loop import run_async
+from server.run_async import run_async
 from tests.unit.test_async_loop import (
     DenseCodec,
     FakeClients,
@@ -51,11 +51,7 @@ def _run_fedbuff(
     recorder = RunRecorder(folder, "rejoin")
     result = run_async(
         grid,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        recorder=recorder,
-        global_state=initial_state(),
-        evaluate_fn=make_evaluate(nodes),
-        config=AsyncConfig(
+        RunConfig.of(
             strategy="fedbuff",
             concurrency=3,
             buffer_size=2,
@@ -67,6 +63,9 @@ def _run_fedbuff(
             downlink_codec="x",
             plots=False,
         ),
+        recorder=recorder,
+        global_state=initial_state(),
+        evaluate_fn=make_evaluate(nodes),
         codec_factory=DenseCodec,
         sleep=lambda _: None,
     )
@@ -77,7 +76,7 @@ def _run_fedbuff(
 def test_a_node_given_up_for_leaving_is_taken_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(async_loop, "_NODE_REFRESH_S", 0.0)
+    monkeypatch.setattr(async_run, "NODE_REFRESH_S", 0.0)
     nodes = [1, 2, 3, 4]
     clients = Restarting(down_for=3, behaviour={4: "garbage"})
     result, events = _run_fedbuff(
@@ -125,7 +124,7 @@ def test_a_node_flower_reports_offline_is_given_up_at_once(
 ) -> None:
     """No retries into a node the SuperLink has marked offline: they would only hold
     concurrency slots. It is taken back once it is online again."""
-    monkeypatch.setattr(async_loop, "_NODE_REFRESH_S", 0.0)
+    monkeypatch.setattr(async_run, "NODE_REFRESH_S", 0.0)
     nodes = [1, 2, 3]
     result, events = _run_fedbuff(
         OfflineGrid(nodes, FakeClients()), nodes, tmp_path, aggregations=16, retries=3

@@ -24,8 +24,8 @@ from clients.runtime import ClientRuntime
 from clients.state_store import JOURNAL, CodecStateStore
 from fedsync import protocol
 from fedsync.codec import UpdateCodec, payload_to_array
+from fedsync.config import RunConfig
 from fedsync.persist import JOB_KEY, file_digest, load_arrays, save_arrays
-from fedsync.settings import TrainingSettings
 from fedsync.task import model_for, model_state
 from fedsync.updates import TensorSpec
 
@@ -46,7 +46,7 @@ UPLINK = "topk:0.05+uniform:4+ef"  # coarse, so a good share of each update stay
 
 
 def global_model() -> dict[str, torch.Tensor]:
-    return model_state(model_for(TrainingSettings.from_run_config(RUN_CONFIG)))
+    return model_state(model_for(RunConfig.from_run_config(RUN_CONFIG).training))
 
 
 def task(number: int, *, job: str = "job-1", version: int = 0) -> Message:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedsync.aggregation import CompressionSchedule, build_policy
-from fedsync.aggregation.config import CONFIG_DOCS, AsyncConfig, AsyncConfigError
+from fedsync.aggregation import CompressionSchedule
+from fedsync.config import RunConfig, SettingsError, check_keys, declared_keys
+from fedsync.engine import AggregationEngine
+from fedsync.strategies import STRATEGIES, Arrival, Strategy
 
 
 def test_exponential_decay_values() -> None:
@@ -106,9 +110,9 @@ def test_density_stays_between_floor_and_start_and_never_grows(
     assert 3 <= s.bits(version + 1) <= s.bits(version) <= 12
 
 
-# --- the run config that feeds the schedule and the policies -------------------------------
+# --- the run config that feeds the schedule and the strategies ------------------------------
 def test_config_reads_kebab_case_keys_and_builds_objects() -> None:
-    config = AsyncConfig.from_run_config(
+    config = RunConfig.from_run_config(
         {
             "strategy": "teasq",
             "concurrency": 8,
@@ -119,25 +123,37 @@ def test_config_reads_kebab_case_keys_and_builds_objects() -> None:
             "server-optimizer": "adam",
             "server-learning-rate": 0.01,
             "max-sim-time": 100,  # int for a float key: accepted
-            "dataset": "digits",  # somebody else's key: ignored
+            "dataset": "digits",
         }
     )
-    policy = config.build_policy()
-    assert (policy.concurrency, policy.buffer_size, policy.max_staleness) == (8, 4, 6)
-    assert policy.staleness.spec() == "hinge:10:2"
-    assert config.build_schedule().density(100) < config.build_schedule().density(0)
-    assert type(config.build_optimizer()).__name__ == "ServerAdam"
-    assert config.max_sim_time == 100.0
+    engine = AggregationEngine(config, {"w": torch.zeros(4, 3)}, codec_factory=_Codec)
+    strategy = engine.strategy
+    assert (strategy.concurrency, strategy.buffer_size, strategy.max_staleness) == (8, 4, 6)
+    assert strategy.staleness.spec() == "hinge:10:2"
+    assert engine.schedule.density(100) < engine.schedule.density(0)
+    assert type(engine.optimizer).__name__ == "ServerAdam"
+    assert config.stop.max_sim_time == 100.0
     # FedBuff does not decay compression even with a decay rate set
-    fedbuff = AsyncConfig(strategy="fedbuff", density_decay=0.5)
-    assert fedbuff.build_schedule().spec(100) == fedbuff.build_schedule().spec(0)
-    assert set(config.as_run_config()) <= set(CONFIG_DOCS)
+    fedbuff = AggregationEngine(
+        RunConfig.of(strategy="fedbuff", density_decay=0.5),
+        {"w": torch.zeros(4, 3)},
+        codec_factory=_Codec,
+    )
+    assert fedbuff.schedule.spec(100) == fedbuff.schedule.spec(0)
+    assert set(config.as_run_config()) == set(declared_keys())
+
+
+class _Codec:
+    """A codec that only needs to exist (the engine builds its codecs up front)."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
 
 
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"strategy": "fedavg"}, "'strategy'"),
+        ({"strategy": "fedavgg"}, "'strategy'"),
         ({"concurrency": 0}, "concurrency"),
         ({"buffer-size": "3"}, "'buffer-size' must be int"),
         ({"staleness": "linear:1"}, "unknown staleness"),
@@ -150,20 +166,31 @@ def test_config_reads_kebab_case_keys_and_builds_objects() -> None:
     ],
 )
 def test_config_errors_name_the_key(values: dict, message: str) -> None:
-    with pytest.raises(AsyncConfigError, match=message):
-        AsyncConfig.from_run_config(values)
+    with pytest.raises(SettingsError, match=message):
+        RunConfig.from_run_config(values)
 
 
-def test_policies() -> None:
-    teasq = build_policy("teasq", concurrency=4, buffer_size=2)
-    assert teasq.normalization == "weight" and teasq.weight_by_examples
-    assert teasq.weight(3, 100) == pytest.approx(100 * 0.5)
-    fedasync = build_policy("fedasync", buffer_size=9, fedasync_alpha=0.5)
+def test_unknown_keys_are_named_with_the_closest_one() -> None:
+    with pytest.raises(SettingsError, match=r"'concurency'.*did you mean 'concurrency'"):
+        check_keys(["strategy", "concurency"])
+    with pytest.raises(SettingsError, match="unknown run-config key 'buffer-sizes'"):
+        RunConfig.of(buffer_sizes=3)
+
+
+def _strategy(name: str, **values: Any) -> Strategy:
+    return STRATEGIES[name](RunConfig.of(strategy=name, **values).asynchronous)
+
+
+def test_strategies() -> None:
+    teasq = _strategy("teasq", concurrency=4, buffer_size=2)
+    assert teasq.normalization == "weight" and teasq.decaying_compression
+    assert teasq.weight(Arrival(3, 100, 0)) == pytest.approx(100 * 0.5)
+    assert teasq.check(Arrival(0, 0, 0)) != ""  # no examples: no weight
+    fedasync = _strategy("fedasync", buffer_size=9, fedasync_alpha=0.5)
     assert fedasync.buffer_size == 1
-    assert fedasync.weight(0, 10) == pytest.approx(0.5)
-    assert fedasync.weight(3, 10) == pytest.approx(0.25)
-    capped = build_policy("fedbuff", max_staleness=2)
-    assert capped.accepts(2) and not capped.accepts(3)
-    assert build_policy("fedbuff").accepts(10**6)
-    with pytest.raises(ValueError, match="unknown async policy"):
-        build_policy("fedavg")
+    assert fedasync.weight(Arrival(0, 10, 0)) == pytest.approx(0.5)
+    assert fedasync.weight(Arrival(3, 10, 0)) == pytest.approx(0.25)
+    capped = _strategy("fedbuff", max_staleness=2)
+    assert capped.accepts(Arrival(2, 1, 0)) and not capped.accepts(Arrival(3, 1, 0))
+    assert _strategy("fedbuff").accepts(Arrival(10**6, 1, 0))
+    assert "fedavg" not in STRATEGIES  # Flower's own strategy, not an engine one

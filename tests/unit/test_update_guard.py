@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from fedsync.settings import SettingsError
+from fedsync.aggregation.guard import UpdateNormGuard, update_norm
+from fedsync.config import GuardSection, SettingsError
 from fedsync.updates import SparseTensor, TensorSpec
-from server.update_guard import UpdateNormGuard, update_norm
 
 
 def test_update_norm_over_sparse_tensors() -> None:
@@ -46,12 +46,16 @@ def test_relative_cap_waits_for_history_and_follows_the_median() -> None:
 
 
 def test_settings() -> None:
-    guard = UpdateNormGuard.from_run_config({"max-update-norm": 5, "norm-outlier-factor": 0})
+    guard = UpdateNormGuard.from_section(
+        GuardSection.from_run_config({"max-update-norm": 5, "norm-outlier-factor": 0})
+    )
     assert (guard.max_norm, guard.outlier_factor) == (5.0, 0.0)
-    assert UpdateNormGuard.from_run_config({}).outlier_factor == 100.0
+    assert UpdateNormGuard.from_section(GuardSection()).outlier_factor == 100.0
     with pytest.raises(SettingsError, match="max-update-norm"):
-        UpdateNormGuard(max_norm=-1.0)
+        GuardSection(max_update_norm=-1.0)
     with pytest.raises(SettingsError, match="norm-outlier-factor"):
-        UpdateNormGuard(outlier_factor=0.5)
-    with pytest.raises(SettingsError, match="must be a number"):
-        UpdateNormGuard.from_run_config({"max-update-norm": "big"})
+        GuardSection(norm_outlier_factor=0.5)
+    with pytest.raises(ValueError, match="max-update-norm"):
+        UpdateNormGuard(max_norm=-1.0)
+    with pytest.raises(SettingsError, match="must be float"):
+        GuardSection.from_run_config({"max-update-norm": "big"})

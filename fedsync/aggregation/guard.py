@@ -21,10 +21,12 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from fedsync.settings import SettingsError
 from fedsync.updates import SparseTensor
+
+if TYPE_CHECKING:
+    from fedsync.config import GuardSection
 
 __all__ = ["MAX_UPDATE_NORM", "NORM_OUTLIER_FACTOR", "UpdateNormGuard", "update_norm"]
 
@@ -70,9 +72,9 @@ class UpdateNormGuard:
         min_history: int = 5,
     ) -> None:
         if not (math.isfinite(max_norm) and max_norm >= 0.0):
-            raise SettingsError(f"run config '{MAX_UPDATE_NORM}' must be >= 0, got {max_norm}")
+            raise ValueError(f"run config '{MAX_UPDATE_NORM}' must be >= 0, got {max_norm}")
         if not (math.isfinite(outlier_factor) and (outlier_factor == 0.0 or outlier_factor > 1.0)):
-            raise SettingsError(
+            raise ValueError(
                 f"run config '{NORM_OUTLIER_FACTOR}' must be 0 (off) or > 1, got {outlier_factor}"
             )
         if window < 1 or min_history < 1:
@@ -85,12 +87,9 @@ class UpdateNormGuard:
         self.largest_accepted = 0.0
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> UpdateNormGuard:
-        """Read ``max-update-norm`` and ``norm-outlier-factor`` (others keep defaults)."""
-        return cls(
-            max_norm=_number(run_config, MAX_UPDATE_NORM, 0.0),
-            outlier_factor=_number(run_config, NORM_OUTLIER_FACTOR, DEFAULT_OUTLIER_FACTOR),
-        )
+    def from_section(cls, section: GuardSection) -> UpdateNormGuard:
+        """The guard the run config's ``max-update-norm`` / ``norm-outlier-factor`` ask for."""
+        return cls(max_norm=section.max_update_norm, outlier_factor=section.norm_outlier_factor)
 
     def check(self, norm: float) -> str:
         """``""`` if an update of this norm may be aggregated, else why not."""
@@ -124,10 +123,3 @@ class UpdateNormGuard:
             "median_recent_norm": (statistics.median(self._accepted) if self._accepted else None),
             "largest_accepted_norm": self.largest_accepted,
         }
-
-
-def _number(run_config: Mapping[str, Any], key: str, default: float) -> float:
-    value = run_config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SettingsError(f"run config '{key}' must be a number, got {value!r}")
-    return float(value)

@@ -1,0 +1,610 @@
+"""The one reader of Flower's run config (and the node config's partition and device).
+
+Flower hands both apps a flat mapping of kebab-case keys (``[tool.flwr.app.config]`` in
+``pyproject.toml``, overridden by ``flwr run --run-config``). Every key is declared
+here once, in a typed section, with its default and its help line: the field
+``local_epochs`` of :class:`TrainingSection` is the key ``local-epochs``. Nothing else
+reads run-config keys; the apps, the engine, checkpoints, the norm guard and the
+scenario runner all take a :class:`RunConfig`.
+
+A value of the wrong type or out of range fails at start-up, naming the key; an unknown
+key is named with the closest valid one (:func:`check_keys`). A test keeps
+``pyproject.toml`` and the README's tables in step with :func:`declared_keys`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, cast
+
+import torch
+
+from fedsync.aggregation.schedule import CompressionSchedule
+from fedsync.aggregation.server_optimizer import build_server_optimizer
+from fedsync.aggregation.staleness import parse_staleness
+from fedsync.strategies import STRATEGIES
+
+__all__ = [
+    "AsyncSection",
+    "CheckpointSection",
+    "ClockSection",
+    "CompressionSection",
+    "ConfigValue",
+    "FedAvgSection",
+    "GuardSection",
+    "KeyInfo",
+    "OutputSection",
+    "RunConfig",
+    "RuntimeSection",
+    "SettingsError",
+    "StopSection",
+    "TrainingSection",
+    "check_keys",
+    "declared_keys",
+    "node_partition",
+    "resolve_device",
+]
+
+ConfigValue = bool | int | float | str
+
+
+class SettingsError(ValueError):
+    """A run-config or node-config value is missing, of the wrong type or out of range."""
+
+
+def key(default: ConfigValue, help: str) -> Any:
+    """A run-config key: its default and its one-line help (the README's table)."""
+    return field(default=default, metadata={"help": help})
+
+
+def _fail(key_name: str, why: str, value: object) -> None:
+    raise SettingsError(f"run config '{key_name}' {why}, got {value!r}")
+
+
+def _coerce(key_name: str, value: Any, kind: type) -> Any:
+    # Flower's run config parses TOML: 1 and 1.0 differ, and overrides from the command
+    # line arrive as the TOML literal the user typed.
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SettingsError(
+            f"run config '{key_name}' must be {kind.__name__}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    return value
+
+
+S = TypeVar("S", bound="Section")
+
+
+@dataclass(frozen=True)
+class Section:
+    """Base of the typed sections: reads its own keys, validates in ``__post_init__``."""
+
+    title: ClassVar[str] = ""
+
+    @classmethod
+    def from_run_config(cls: type[S], run_config: Mapping[str, Any]) -> S:
+        """Read this section's keys; absent keys keep their defaults."""
+        values: dict[str, Any] = {}
+        for item in dataclasses.fields(cls):
+            name = item.name.replace("_", "-")
+            if name in run_config:
+                values[item.name] = _coerce(name, run_config[name], type(item.default))
+        return cls(**values)
+
+    def as_run_config(self) -> dict[str, ConfigValue]:
+        """The section's values as kebab-case run-config keys."""
+        return {
+            item.name.replace("_", "-"): getattr(self, item.name)
+            for item in dataclasses.fields(self)
+        }
+
+
+@dataclass(frozen=True)
+class TrainingSection(Section):
+    """Data, model and the clients' local training (every strategy)."""
+
+    title: ClassVar[str] = "data, model and local training"
+
+    dataset: str = key(
+        "digits",
+        "`digits` (scikit-learn's bundled 8x8 digits), `mnist`, `fashion-mnist`, "
+        "`shakespeare`, `synthetic`",
+    )
+    model: str = key(
+        "auto", "`mlp`, `cnn`, `char-lstm`, `logreg`; `auto` picks one for the dataset"
+    )
+    data_dir: str = key(
+        "",
+        "where the dataset files are; empty: `$FEDSYNC_DATA`, `/usr/share/datasets/...`, "
+        "`~/.cache/fedsync`",
+    )
+    partitioning: str = key(
+        "dirichlet",
+        "`iid`, `dirichlet` (label skew), `shards` (n classes per client), "
+        "`natural` (by speaker/client)",
+    )
+    dirichlet_alpha: float = key(
+        0.5, "concentration of the Dirichlet label skew (smaller: more skewed)"
+    )
+    shards_per_client: int = key(2, "shards per client for `shards`")
+    local_epochs: int = key(3, "local epochs per task")
+    local_steps: int = key(0, "cap on local optimizer steps per task (0: no cap)")
+    batch_size: int = key(32, "local batch size")
+    learning_rate: float = key(0.1, "local SGD learning rate")
+    momentum: float = key(0.9, "local SGD momentum")
+    proximal_mu: float = key(0.0, "FedProx proximal term mu on the client (0: off)")
+    seed: int = key(
+        0,
+        "seeds data split, partitions, model initialisation, shuffling, fleet assignment, "
+        "availability and task seeds",
+    )
+    device: str = key(
+        "auto",
+        "torch device for training and, on the server, for central evaluation and the "
+        "aggregation buffer (`auto`: CUDA when present); a node's `device` node config wins",
+    )
+
+    def __post_init__(self) -> None:
+        if self.dirichlet_alpha <= 0.0:
+            _fail("dirichlet-alpha", "must be > 0", self.dirichlet_alpha)
+        for name, value in (("local-epochs", self.local_epochs), ("batch-size", self.batch_size)):
+            if value < 1:
+                _fail(name, "must be >= 1", value)
+        if self.local_steps < 0:
+            _fail("local-steps", "must be >= 0 (0: no cap)", self.local_steps)
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0.0):
+            _fail("learning-rate", "must be finite and > 0", self.learning_rate)
+        if not 0.0 <= self.momentum < 1.0:
+            _fail("momentum", "must be in [0, 1)", self.momentum)
+        if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0.0):
+            _fail("proximal-mu", "must be finite and >= 0", self.proximal_mu)
+
+    @property
+    def data_dir_or_none(self) -> str | None:
+        """The ``data-dir`` setting, ``None`` when empty (search the usual places)."""
+        return self.data_dir or None
+
+
+@dataclass(frozen=True)
+class FedAvgSection(Section):
+    """Flower's FedAvg baseline (``strategy = "fedavg"``)."""
+
+    title: ClassVar[str] = "FedAvg"
+
+    num_rounds: int = key(20, "rounds of FedAvg")
+    fraction_train: float = key(1.0, "fraction of nodes sampled to train each round")
+    fraction_evaluate: float = key(
+        0.5, "fraction of nodes that evaluate on their local validation split"
+    )
+    min_train_nodes: int = key(2, "FedAvg waits for at least this many nodes")
+
+    def __post_init__(self) -> None:
+        if self.num_rounds < 1:
+            _fail("num-rounds", "must be >= 1", self.num_rounds)
+        if not 0.0 < self.fraction_train <= 1.0:
+            _fail("fraction-train", "must be in (0, 1]", self.fraction_train)
+        if not 0.0 <= self.fraction_evaluate <= 1.0:
+            _fail("fraction-evaluate", "must be in [0, 1]", self.fraction_evaluate)
+        if self.min_train_nodes < 1:
+            _fail("min-train-nodes", "must be >= 1", self.min_train_nodes)
+
+
+@dataclass(frozen=True)
+class AsyncSection(Section):
+    """The asynchronous strategies' policy and the server optimizer."""
+
+    title: ClassVar[str] = "asynchronous strategies"
+
+    concurrency: int = key(5, "C: most tasks in flight at once")
+    buffer_size: int = key(3, "K: updates cached per aggregation (fedasync: always 1)")
+    staleness: str = key(
+        "polynomial:0.5",
+        "weight by staleness: constant / polynomial:a / hinge:a:b / normalized-polynomial:a:m",
+    )
+    max_staleness: int = key(-1, "drop updates staler than this many aggregations (-1: no limit)")
+    fedasync_alpha: float = key(0.6, "FedAsync mixing alpha in (0, 1]")
+    server_optimizer: str = key("sgd", "sgd / momentum (FedAvgM) / adam (FedAdam)")
+    server_learning_rate: float = key(1.0, "server learning rate eta")
+    server_momentum: float = key(0.9, "FedAvgM momentum beta")
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            _fail("concurrency", "must be >= 1", self.concurrency)
+        if self.buffer_size < 1:
+            _fail("buffer-size", "must be >= 1", self.buffer_size)
+        if self.max_staleness < -1:
+            _fail("max-staleness", "must be >= 0, or -1 for no limit", self.max_staleness)
+        if not 0.0 < self.fedasync_alpha <= 1.0:
+            _fail("fedasync-alpha", "must be in (0, 1]", self.fedasync_alpha)
+        try:
+            parse_staleness(self.staleness)
+            build_server_optimizer(
+                self.server_optimizer,
+                learning_rate=self.server_learning_rate,
+                momentum=self.server_momentum,
+            )
+        except ValueError as err:
+            raise SettingsError(str(err)) from err
+
+
+@dataclass(frozen=True)
+class CompressionSection(Section):
+    """Codecs both ways and TEASQ-Fed's decaying schedule."""
+
+    title: ClassVar[str] = "compression"
+
+    uplink_codec: str = key(
+        "topk:{density}+uniform:{bits}+ef",
+        "uplink codec spec; {density} and {bits} are filled per task by the schedule",
+    )
+    density_start: float = key(0.1, "fraction of coordinates kept at model version 0")
+    density_floor: float = key(0.01, "least fraction kept as the schedule decays")
+    density_decay: float = key(
+        0.0, "density decay rate per model version (0: constant; decaying strategies only)"
+    )
+    bits_start: int = key(8, "bits per value at model version 0")
+    bits_floor: int = key(4, "least bits per value as the schedule decays")
+    bits_decay: float = key(
+        0.0, "bit-width decay rate per model version (0: constant; decaying strategies only)"
+    )
+    decay_kind: str = key("exponential", "exponential / linear / step")
+    downlink_codec: str = key("none+fp16", "codec of whole-model downlinks (e.g. none+fp16)")
+    downlink_kind: str = key(
+        "full", "full (whole model each task) / delta (compressed delta vs the device's copy)"
+    )
+    downlink_delta_codec: str = key(
+        "none+uniform:8", "codec of delta downlinks (downlink-kind = delta)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.downlink_kind not in ("full", "delta"):
+            _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
+        try:
+            self.schedule(decaying=True)
+        except ValueError as err:
+            raise SettingsError(str(err)) from err
+
+    def schedule(self, *, decaying: bool) -> CompressionSchedule:
+        """The uplink :class:`~fedsync.aggregation.schedule.CompressionSchedule`.
+
+        Parameters
+        ----------
+        decaying : bool
+            Follow the decay rates (TEASQ-Fed); otherwise the start values throughout.
+        """
+        return CompressionSchedule(
+            template=self.uplink_codec,
+            density_start=self.density_start,
+            density_floor=self.density_floor,
+            density_decay=self.density_decay,
+            bits_start=self.bits_start,
+            bits_floor=self.bits_floor,
+            bits_decay=self.bits_decay,
+            kind=self.decay_kind,  # type: ignore[arg-type]  # checked by the schedule
+            frozen=not decaying,
+        )
+
+
+@dataclass(frozen=True)
+class ClockSection(Section):
+    """Time: the virtual clock's fleet, or the wall clock of a deployment."""
+
+    title: ClassVar[str] = "time and fleet"
+
+    clock: str = key("virtual", "virtual (simulated time from the fleet) / wall (deployment)")
+    fleet: str = key(
+        "", "fleet name in simulations/fleets (or a .toml path); empty: uniform devices"
+    )
+    fleet_assignment: str = key(
+        "order", "order (partition-id order, else node id) / random (seeded draw)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("virtual", "wall"):
+            _fail("clock", "must be 'virtual' (simulation) or 'wall' (deployment)", self.clock)
+        if self.fleet_assignment not in ("order", "random"):
+            _fail("fleet-assignment", "must be 'order' or 'random'", self.fleet_assignment)
+
+
+@dataclass(frozen=True)
+class StopSection(Section):
+    """When an asynchronous run ends, and the target it reports against."""
+
+    title: ClassVar[str] = "stopping and target"
+
+    max_aggregations: int = key(50, "stop after this many global aggregations")
+    max_sim_time: float = key(
+        0.0, "stop at this simulated/wall clock time in seconds (0: no limit)"
+    )
+    max_wall_time: float = key(0.0, "stop after this many real seconds (0: no limit)")
+    max_tasks: int = key(
+        0, "stop dispatching after this many tasks (0: 20 x max-aggregations x K + C)"
+    )
+    target_accuracy: float = key(0.0, "accuracy whose time/bytes to reach are reported (0: none)")
+    stop_at_target: bool = key(False, "end the run when target-accuracy is reached")
+
+    def __post_init__(self) -> None:
+        if self.max_aggregations < 1:
+            _fail("max-aggregations", "must be >= 1", self.max_aggregations)
+        if self.max_tasks < 0:
+            _fail("max-tasks", "must be >= 0 (0: derived)", self.max_tasks)
+        for name, number in (
+            ("max-sim-time", self.max_sim_time),
+            ("max-wall-time", self.max_wall_time),
+        ):
+            if not (math.isfinite(number) and number >= 0.0):
+                _fail(name, "must be finite and >= 0", number)
+        if not 0.0 <= self.target_accuracy <= 1.0:
+            _fail("target-accuracy", "must be in [0, 1] (0: none)", self.target_accuracy)
+
+
+@dataclass(frozen=True)
+class RuntimeSection(Section):
+    """How the server talks to nodes: evaluation cadence, TTLs, retries, polling."""
+
+    title: ClassVar[str] = "runtime"
+
+    eval_every: int = key(5, "evaluate the global model centrally every N aggregations")
+    task_ttl: float = key(600.0, "Flower message TTL of a task in seconds (counted from creation)")
+    max_retries: int = key(3, "consecutive failed tasks a device may retry before it is given up")
+    poll_interval: float = key(0.05, "seconds between pulls when no reply is in")
+    min_nodes: int = key(1, "wait for this many nodes before starting")
+    node_wait: float = key(120.0, "longest wait for min-nodes, in real seconds")
+    probe_timeout: float = key(
+        30.0,
+        "real seconds to ask nodes for their partition-id (stable device order); "
+        "0: skip, order by node id",
+    )
+
+    def __post_init__(self) -> None:
+        if self.eval_every < 1:
+            _fail("eval-every", "must be >= 1", self.eval_every)
+        if self.min_nodes < 1:
+            _fail("min-nodes", "must be >= 1", self.min_nodes)
+        if self.max_retries < 0:
+            _fail("max-retries", "must be >= 0", self.max_retries)
+        for name, number in (("task-ttl", self.task_ttl), ("poll-interval", self.poll_interval)):
+            if not (math.isfinite(number) and number > 0.0):
+                _fail(name, "must be finite and > 0", number)
+        for name, number in (("node-wait", self.node_wait), ("probe-timeout", self.probe_timeout)):
+            if not (math.isfinite(number) and number >= 0.0):
+                _fail(name, "must be finite and >= 0", number)
+
+
+@dataclass(frozen=True)
+class OutputSection(Section):
+    """Where a run's results go."""
+
+    title: ClassVar[str] = "results"
+
+    results_dir: str = key(
+        "results",
+        "parent folder of the run's results (relative to the server process's working directory)",
+    )
+    run_name: str = key("", "the run's folder name (empty: a timestamp)")
+    plots: bool = key(True, "write accuracy PNGs (vs aggregations, time and bytes) at the end")
+
+    def results_path(self) -> Path:
+        """The results folder as an absolute path (relative to the server's cwd)."""
+        return Path(self.results_dir).expanduser().resolve()
+
+
+@dataclass(frozen=True)
+class CheckpointSection(Section):
+    """Server checkpoints of asynchronous runs, and resuming from them."""
+
+    title: ClassVar[str] = "checkpoints"
+
+    checkpoint_every: int = key(
+        10, "save a server checkpoint every N aggregations, and at the end (0: never)"
+    )
+    checkpoint_dir: str = key("", "where checkpoints go; empty: `<results-dir>/<run>/checkpoints`")
+    resume: bool = key(
+        False,
+        "continue from the newest checkpoint there (none yet: fresh start; needs `run-name` "
+        "or `checkpoint-dir`)",
+    )
+    resume_from: str = key(
+        "", "continue from this checkpoint file, or the newest one in this folder"
+    )
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0:
+            _fail("checkpoint-every", "must be >= 0 (0: never)", self.checkpoint_every)
+
+
+@dataclass(frozen=True)
+class GuardSection(Section):
+    """The norm check on arriving updates."""
+
+    title: ClassVar[str] = "update guard"
+
+    max_update_norm: float = key(0.0, "reject an update whose L2 norm exceeds this (0: off)")
+    norm_outlier_factor: float = key(
+        100.0,
+        "reject an update above this multiple of the median norm of the last accepted ones "
+        "(after 5; 0: off)",
+    )
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0.0):
+            _fail("max-update-norm", "must be >= 0", self.max_update_norm)
+        factor = self.norm_outlier_factor
+        if not (math.isfinite(factor) and (factor == 0.0 or factor > 1.0)):
+            _fail("norm-outlier-factor", "must be 0 (off) or > 1", factor)
+
+
+SECTIONS: tuple[tuple[str, type[Section]], ...] = (
+    ("training", TrainingSection),
+    ("fedavg", FedAvgSection),
+    ("asynchronous", AsyncSection),
+    ("compression", CompressionSection),
+    ("clock", ClockSection),
+    ("stop", StopSection),
+    ("runtime", RuntimeSection),
+    ("output", OutputSection),
+    ("checkpoints", CheckpointSection),
+    ("guard", GuardSection),
+)
+"""The sections of :class:`RunConfig`, by attribute name, in the README's order."""
+
+STRATEGY_HELP = (
+    "`fedavg`: Flower's own FedAvg, dense float32 (the baseline); any other name is one of "
+    "fedsync's asynchronous strategies (`fedsync.strategies`): teasq, fedbuff, fedasync, "
+    "fedasync-mix"
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole run config, typed: ``strategy`` plus one object per section.
+
+    Build it with :meth:`from_run_config`; every section validates its own keys.
+    """
+
+    strategy: str = "fedavg"
+    training: TrainingSection = field(default_factory=TrainingSection)
+    fedavg: FedAvgSection = field(default_factory=FedAvgSection)
+    asynchronous: AsyncSection = field(default_factory=AsyncSection)
+    compression: CompressionSection = field(default_factory=CompressionSection)
+    clock: ClockSection = field(default_factory=ClockSection)
+    stop: StopSection = field(default_factory=StopSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    checkpoints: CheckpointSection = field(default_factory=CheckpointSection)
+    guard: GuardSection = field(default_factory=GuardSection)
+
+    BASELINE: ClassVar[str] = "fedavg"
+
+    def __post_init__(self) -> None:
+        if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
+            valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
+            _fail("strategy", f"must be one of {valid}", self.strategy)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], **sections: Any) -> RunConfig:
+        """Read every declared key of ``run_config`` (undeclared keys are ignored here;
+        :func:`check_keys` names them).
+
+        Parameters
+        ----------
+        run_config : mapping
+            Flower's ``context.run_config`` (or a scenario's merged settings).
+        **sections
+            Section objects that replace what the run config says (tests).
+        """
+        strategy = _coerce("strategy", run_config.get("strategy", cls.strategy), str)
+        built: dict[str, Any] = {
+            name: kind.from_run_config(run_config) for name, kind in SECTIONS
+        }
+        built.update(sections)
+        return cls(strategy=strategy, **built)
+
+    @classmethod
+    def of(cls, **values: Any) -> RunConfig:
+        """A config from snake_case values (``RunConfig.of(strategy="teasq", buffer_size=2)``),
+        the programmatic twin of :meth:`from_run_config`; an unknown name is an error."""
+        run_config = {k.replace("_", "-"): v for k, v in values.items()}
+        check_keys(run_config)
+        return cls.from_run_config(run_config)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the strategy runs on fedsync's asynchronous engine."""
+        return self.strategy != self.BASELINE
+
+    def as_run_config(self) -> dict[str, ConfigValue]:
+        """Every key with its value (for logs, summaries and checkpoints)."""
+        out: dict[str, ConfigValue] = {"strategy": self.strategy}
+        for name, _ in SECTIONS:
+            out.update(getattr(self, name).as_run_config())
+        return out
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One declared run-config key."""
+
+    key: str
+    default: ConfigValue
+    help: str
+    section: str
+
+
+def declared_keys() -> dict[str, KeyInfo]:
+    """Every run-config key, in declaration order, with its default and help."""
+    keys = {"strategy": KeyInfo("strategy", RunConfig.strategy, STRATEGY_HELP, "strategy")}
+    for _, kind in SECTIONS:
+        for item in dataclasses.fields(kind):
+            name = item.name.replace("_", "-")
+            default = cast(ConfigValue, item.default)
+            keys[name] = KeyInfo(name, default, item.metadata["help"], kind.title)
+    return keys
+
+
+def check_keys(keys: Iterable[str]) -> None:
+    """Raise :class:`SettingsError` for a key that is not declared, naming the closest one."""
+    known = declared_keys()
+    for name in keys:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise SettingsError(f"unknown run-config key '{name}'{hint}")
+
+
+# --- devices and nodes --------------------------------------------------------------------------
+def resolve_device(requested: str) -> torch.device:
+    """Turn a ``device`` setting into a torch device.
+
+    ``"auto"`` (or empty) picks CUDA when this process can see a GPU and CPU otherwise,
+    so the same node config serves CPU boards and GPU boxes.
+
+    Raises
+    ------
+    SettingsError
+        When a CUDA device is asked for and none is present (say so instead of
+        failing later inside training).
+    """
+    name = requested.strip().lower()
+    if name in ("", "auto"):
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise SettingsError(f"device {requested!r} is not a torch device: {err}") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError(f"device {requested!r} asked for, but torch sees no CUDA device")
+    return device
+
+
+def node_partition(node_config: Mapping[str, Any]) -> tuple[int, int]:
+    """Read ``partition-id`` and ``num-partitions`` from a node config.
+
+    Flower's simulation engine sets both; a deployed SuperNode gets them from
+    ``--node-config``.
+    """
+    try:
+        partition_id = int(node_config["partition-id"])
+        num_partitions = int(node_config["num-partitions"])
+    except KeyError as err:
+        raise SettingsError(
+            f"node config lacks {err.args[0]!r}: start the SuperNode with "
+            "--node-config 'partition-id=<i> num-partitions=<n>'"
+        ) from err
+    if not 0 <= partition_id < num_partitions:
+        raise SettingsError(
+            f"partition-id must be in [0, num-partitions={num_partitions}), got {partition_id}"
+        )
+    return partition_id, num_partitions

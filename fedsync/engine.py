@@ -1,0 +1,354 @@
+"""The asynchronous aggregation engine: what happens to an update, without Flower.
+
+::
+
+    plan_task(node)   -> version, uplink spec, downlink payload (downlink bookkeeping)
+    receive(plan, reply payload, metrics)
+        -> decode -> validate -> norm guard -> strategy.check -> staleness gate
+        -> strategy.weight -> strategy.contribution -> buffer (K cached)
+        -> server optimizer step -> version + 1
+
+The engine knows nothing of messages, nodes' addresses or time: the server's loop
+(``server/async_run.py``) asks it for a task plan when a device gets work and hands it
+each reply's bytes when the clock releases them. Everything is deterministic given the
+order of calls, so simulations repeat exactly. A :class:`~fedsync.strategies.Strategy`
+says how updates are gated, weighted and combined; the buffer, the optimizer, the
+codecs and the downlink encoder are the same for every strategy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import torch
+
+from fedsync.aggregation import (
+    InvalidUpdate,
+    UpdateBuffer,
+    build_server_optimizer,
+    validate_update,
+)
+from fedsync.aggregation.downlink import (
+    CodecFactory,
+    DownlinkEncoder,
+    DownlinkKind,
+    DownlinkPayload,
+    UpdateCodecLike,
+)
+from fedsync.aggregation.guard import UpdateNormGuard, update_norm
+from fedsync.aggregation.progress import RunTally
+from fedsync.config import RunConfig, SettingsError
+from fedsync.strategies import STRATEGIES, Arrival, Strategy
+from fedsync.updates import SparseUpdate, TensorSpec
+
+__all__ = ["AggregationEngine", "TaskPlan", "Verdict", "default_codec_factory"]
+
+logger = logging.getLogger("flwr")
+
+
+def default_codec_factory(spec: str, *, seed: int = 0) -> UpdateCodecLike:
+    """Build :class:`fedsync.codec.UpdateCodec` from a spec string.
+
+    ``seed`` fixes the random choices of stochastic codecs (random-k, stochastic
+    rounding) the server encodes downlinks with; decoding needs no seed.
+    """
+    from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
+
+    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed)
+    return codec
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task as the engine planned it.
+
+    Attributes
+    ----------
+    task_id : str
+        ``task-<number>``.
+    number : int
+        Tasks handed out before it, plus one (over the whole job).
+    node_id : int
+        The device.
+    version : int
+        The model version it starts from.
+    uplink_spec : str
+        The codec spec its update must come back with.
+    downlink : DownlinkPayload
+        The encoded model (or delta) it carries.
+    """
+
+    task_id: str
+    number: int
+    node_id: int
+    version: int
+    uplink_spec: str
+    downlink: DownlinkPayload
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one reply.
+
+    Attributes
+    ----------
+    status : {"aggregated", "buffered", "stale", "rejected"}
+        ``buffered``: cached; ``aggregated``: cached and the buffer stepped the model;
+        ``stale``: dropped by the staleness gate; ``rejected``: unusable (see ``why``).
+    staleness : int
+        Aggregations since the task's model version.
+    why : str
+        For ``rejected``: the reason; ``kind`` classifies it (``decode:<Error>``,
+        ``invalid``, ``norm``, ``malformed``).
+    updates, weight_sum : int, float
+        For ``aggregated``: what the buffer held.
+    """
+
+    status: Literal["aggregated", "buffered", "stale", "rejected"]
+    staleness: int
+    why: str = ""
+    kind: str = ""
+    updates: int = 0
+    weight_sum: float = 0.0
+
+
+class AggregationEngine:
+    """The global model and everything that changes it.
+
+    Parameters
+    ----------
+    config : RunConfig
+        The run's settings (strategy, compression, seed, ...).
+    global_state : mapping of str to torch.Tensor
+        The model to start from (a state dict; floating-point tensors are trained, the
+        others passed through unchanged).
+    codec_factory : callable, optional
+        Spec string -> codec; default :func:`default_codec_factory` with the run's seed.
+    norm_guard : UpdateNormGuard, optional
+        Rejects updates of absurd L2 norm; none: no norm check.
+    device : str or torch.device
+        Where the aggregation buffer lives (decoded sparse updates are scatter-added
+        there; the global model and the server optimizer stay on the host).
+    version : int
+        The model version of ``global_state`` (a resumed run).
+    optimizer_state : dict, optional
+        The server optimizer's state to continue from (a resumed run).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        global_state: Mapping[str, torch.Tensor],
+        *,
+        codec_factory: CodecFactory | None = None,
+        norm_guard: UpdateNormGuard | None = None,
+        device: str | torch.device = "cpu",
+        version: int = 0,
+        optimizer_state: Mapping[str, Any] | None = None,
+    ) -> None:
+        if config.strategy not in STRATEGIES:
+            raise SettingsError(f"strategy {config.strategy!r} does not run on the engine")
+        self.config = config
+        self.strategy: Strategy = STRATEGIES[config.strategy](config.asynchronous)
+        self.schedule = config.compression.schedule(decaying=self.strategy.decaying_compression)
+        settings = config.asynchronous
+        self.optimizer = build_server_optimizer(
+            settings.server_optimizer,
+            learning_rate=settings.server_learning_rate,
+            momentum=settings.server_momentum,
+        )
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self.norm_guard = norm_guard
+        # --- the global model: float tensors are trained, the rest passed through ---
+        self.state = {k: v.detach().to("cpu", copy=True) for k, v in global_state.items()}
+        self.trained = {k: v for k, v in self.state.items() if v.is_floating_point()}
+        if not self.trained:
+            raise ValueError("global_state has no floating-point tensors to train")
+        self.specs = {
+            name: TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+            for name, t in self.trained.items()
+        }
+        self.version = version
+        # --- codecs (built once per spec; the uplink ones checked now, not mid-run) ---
+        seed = config.training.seed
+        self._codec_factory: Callable[[str], UpdateCodecLike] = codec_factory or (
+            lambda spec: default_codec_factory(spec, seed=seed)
+        )
+        self._codecs: dict[str, UpdateCodecLike] = {}
+        for spec in self.schedule.extreme_specs():
+            self._codec(spec)
+        compression = config.compression
+        self.downlink = DownlinkEncoder(
+            self.specs,
+            full_codec=self._downlink_codec(compression.downlink_codec),
+            kind=cast(DownlinkKind, compression.downlink_kind),
+            delta_codec=(
+                self._downlink_codec(compression.downlink_delta_codec)
+                if compression.downlink_kind == "delta"
+                else None
+            ),
+            keep_start=self.strategy.needs_start_model,
+        )
+        self.buffer = UpdateBuffer(
+            self.specs,
+            capacity=self.strategy.buffer_size,
+            normalization=self.strategy.normalization,
+            device=device,
+        )
+        # --- bookkeeping ---
+        self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
+        self.rejections: Counter[str] = Counter()
+        """Rejected replies by what was wrong (decode error class, invalid, norm)."""
+        self._starts: dict[str, dict[str, torch.Tensor]] = {}
+
+    # --- tasks --------------------------------------------------------------------------------
+    def plan_task(self, node_id: int, number: int) -> TaskPlan:
+        """Plan the ``number``-th task, for ``node_id``, from the current model."""
+        version = self.version
+        downlink = self.downlink.prepare(node_id, self.trained, version)
+        plan = TaskPlan(
+            task_id=f"task-{number:06d}",
+            number=number,
+            node_id=node_id,
+            version=version,
+            uplink_spec=self.schedule.spec(version),
+            downlink=downlink,
+        )
+        if downlink.start is not None:
+            self._starts[plan.task_id] = downlink.start
+        self.tally.tasks += 1
+        self.tally.bytes_down += len(downlink.payload)
+        return plan
+
+    def forget(self, plan: TaskPlan) -> None:
+        """The task failed or was lost: the device's copy of the model is unknown now."""
+        self._starts.pop(plan.task_id, None)
+        self.downlink.reset(plan.node_id)
+
+    def arrived(self, plan: TaskPlan, payload_bytes: int) -> int:
+        """A reply is in (counted now, whatever becomes of it); returns its staleness."""
+        # The device replied, so it holds what its downlink decoded to.
+        self.downlink.commit(plan.node_id)
+        self.tally.arrivals += 1
+        self.tally.bytes_up += payload_bytes
+        return self.version - plan.version
+
+    # --- replies ------------------------------------------------------------------------------
+    def receive(
+        self, plan: TaskPlan, payload: bytes, num_examples: int, *, malformed: str = ""
+    ) -> Verdict:
+        """Judge one reply (after :meth:`arrived`) and aggregate when K are cached.
+
+        Parameters
+        ----------
+        plan : TaskPlan
+            The task it answers.
+        payload : bytes
+            The encoded update.
+        num_examples : int
+            The device's training examples, as the reply says.
+        malformed : str
+            Non-empty when the reply could not even be read (why).
+        """
+        staleness = self.version - plan.version
+        start = self._starts.pop(plan.task_id, None)
+        arrival = Arrival(staleness=staleness, num_examples=num_examples, version=plan.version)
+        why = malformed or self.strategy.check(arrival)
+        update = None if why else self._decode(plan, payload)
+        if isinstance(update, str):
+            why, update = update, None
+        if update is None:
+            return self._reject(staleness, why)
+        norm = update_norm(update) if self.norm_guard is not None else 0.0
+        if self.norm_guard is not None and (why := self.norm_guard.check(norm)):
+            return self._reject(staleness, why, kind="norm")
+        if not self.strategy.accepts(arrival):
+            self.tally.drops["stale"] += 1
+            return Verdict("stale", staleness)
+        weight = self.strategy.weight(arrival)
+        contribution = self.strategy.contribution(update, arrival, self.trained, start)
+        self.buffer.add(contribution, weight)
+        if self.norm_guard is not None:
+            self.norm_guard.accept(norm)
+        self.tally.aggregated += 1
+        self.tally.staleness[staleness] += 1
+        if not self.buffer.is_full:
+            return Verdict("buffered", staleness)
+        aggregate = self.buffer.take()
+        # The buffer may live on a GPU; the global model and optimizer state do not.
+        step = {name: delta.to("cpu") for name, delta in aggregate.update.items()}
+        self.optimizer.step(self.trained, step)
+        self.version += 1
+        return Verdict(
+            "aggregated", staleness, updates=aggregate.count, weight_sum=aggregate.weight_sum
+        )
+
+    def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | str:
+        try:
+            update = self._codec(plan.uplink_spec).decode(payload, self.specs)
+        except Exception as err:  # any failure to decode is the payload's fault here
+            return f"decode failed: {type(err).__name__}: {err}"
+        try:
+            validate_update(update, self.specs)
+        except InvalidUpdate as err:
+            return f"invalid update: {err}"
+        return dict(update)
+
+    def _reject(self, staleness: int, why: str, kind: str = "") -> Verdict:
+        kind = kind or _rejection_kind(why)
+        self.tally.drops["rejected"] += 1
+        self.rejections[kind] += 1
+        return Verdict("rejected", staleness, why=why, kind=kind)
+
+    # --- the end ------------------------------------------------------------------------------
+    def discard_buffer(self) -> int:
+        """Drop the updates cached for an aggregation that will not come; returns how many."""
+        discarded = len(self.buffer)
+        self.buffer.clear()
+        return discarded
+
+    def describe(self) -> dict[str, Any]:
+        """The strategy, optimizer and guard, for ``summary.json``."""
+        return {
+            "policy": self.strategy.describe(),
+            "server_optimizer": repr(self.optimizer),
+            "rejections": dict(sorted(self.rejections.items())),
+            "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
+        }
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _codec(self, spec: str) -> UpdateCodecLike:
+        codec = self._codecs.get(spec)
+        if codec is None:
+            try:
+                codec = self._codec_factory(spec)
+            except ValueError as err:
+                raise SettingsError(f"codec spec {spec!r} is not valid: {err}") from err
+            self._codecs[spec] = codec
+        return codec
+
+    def _downlink_codec(self, spec: str) -> UpdateCodecLike:
+        codec = self._codec(spec)
+        # One server codec encodes for every device: an error-feedback memory inside it
+        # would mix all devices' residuals. downlink-kind = "delta" keeps a residual per
+        # device instead (global minus that device's replica).
+        if getattr(getattr(codec, "config", None), "feedback", None) is not None:
+            raise SettingsError(
+                f"downlink codec {spec!r} must not use error feedback (+ef): use "
+                "downlink-kind = 'delta', which keeps a per-device residual on the server"
+            )
+        return codec
+
+
+def _rejection_kind(why: str) -> str:
+    """A short class for a rejection reason: ``decode:<Error>``, ``invalid``, ..."""
+    if why.startswith("decode failed: "):
+        return "decode:" + why.removeprefix("decode failed: ").split(":", 1)[0]
+    if why.startswith("invalid update"):
+        return "invalid"
+    return "malformed"

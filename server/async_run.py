@@ -1,0 +1,446 @@
+"""The asynchronous server's loop: devices, the clock, the engine and the channel.
+
+No rounds: idle devices apply for work, at most ``C`` tasks are in flight, and each
+reply is judged on its own schedule::
+
+    wake(node) -> scheduler queue -> dispatch: engine.plan_task -> channel.send
+    channel.poll (non-blocking) -> clock.reply / clock.error
+    clock.pop() -> reply event: engine.receive (decode, gate, weight, buffer, step)
+                -> aggregated? evaluate every N, checkpoint every M
+                -> wake(node): the device applies again
+
+The clock (:mod:`fedsync.clock`) decides when things happen: in simulation a
+:class:`~fedsync.clock.VirtualClock` releases replies in simulated-time order (real
+ClientApps still run in parallel in Flower's simulation engine), in deployment a
+:class:`~fedsync.clock.WallClock` releases them as they come. The messages are
+:mod:`fedsync.protocol`'s; the Grid is behind :class:`server.channel.GridChannel`; what
+an update does to the model is :class:`fedsync.engine.AggregationEngine`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from logging import INFO, WARNING
+from typing import Any, cast
+
+import numpy as np
+from flwr.common.logger import log
+
+from fedsync import protocol
+from fedsync.aggregation import DeviceState, TaskScheduler
+from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
+from fedsync.clock.fleet import Assignment
+from fedsync.config import RunConfig
+from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.protocol import TrainReply, TrainTask
+from fedsync.reports import RunRecorder, RunSummary
+from server.channel import Delivery, GridChannel
+from server.checkpoint import AsyncCheckpoint
+from server.journal import EvaluateFn, RunJournal
+
+__all__ = ["AsyncRun", "EvaluateFn"]
+
+NODE_REFRESH_S = 10.0
+"""How often (real seconds) the wall-clock loop looks for SuperNodes that joined or
+came back (one cheap ``get_node_ids`` call)."""
+
+GONE_FAILURES = ("node-unavailable",)
+"""Failures that mean the node left: the SuperLink marked it offline (missed
+heartbeats). A device given up for them is taken back when it is online again: with
+SuperNode authentication a restarted node keeps its node id."""
+
+
+class AsyncRun:
+    """One asynchronous run, from the first probe to ``summary.json``.
+
+    Parameters
+    ----------
+    engine : AggregationEngine
+        The model, the strategy and everything that changes them.
+    channel : GridChannel
+        The nodes.
+    recorder : RunRecorder
+        Where events, ``summary.json`` and plots go.
+    evaluate_fn : callable
+        ``state -> {"accuracy": ..., "loss": ..., ...}``, the central evaluation.
+    clock : Clock, optional
+        Overrides the clock the ``clock`` setting would build (tests).
+    resume : AsyncCheckpoint, optional
+        The checkpoint the engine was built from (counters, job, times continue).
+    checkpoint_fn : callable, optional
+        Called with an :class:`AsyncCheckpoint` every ``checkpoint-every`` aggregations
+        and at the end; with ``checkpoint-every = 0``, after every evaluation instead.
+    """
+
+    def __init__(
+        self,
+        engine: AggregationEngine,
+        channel: GridChannel,
+        *,
+        recorder: RunRecorder,
+        evaluate_fn: EvaluateFn,
+        clock: Clock | None = None,
+        resume: AsyncCheckpoint | None = None,
+        checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config: RunConfig = engine.config
+        self.channel = channel
+        self.recorder = recorder
+        self.journal = RunJournal(
+            engine, recorder, evaluate_fn, resume=resume, checkpoint_fn=checkpoint_fn
+        )
+        self.tally = engine.tally
+        self._clock_override = clock
+        self.tasks: dict[str, TaskPlan] = {}
+        self._replies: dict[str, TrainReply] = {}
+        self._dispatched_at: dict[str, float] = {}
+        strategy = engine.strategy
+        stop = self.config.stop
+        self._max_tasks = stop.max_tasks or (
+            20 * stop.max_aggregations * strategy.buffer_size + strategy.concurrency
+        )
+        self._last_node_refresh = 0.0
+        self.stop_reason = ""
+        # --- built by run(), once the nodes are known ---
+        self.fleet: Fleet
+        self.clock: Clock
+        self.scheduler: TaskScheduler
+        self.device_of: dict[int, int] = {}
+        """Flower node id -> stable device index (partition id order)."""
+
+    # --- the run ------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        """Dispatch, collect and aggregate until a stop condition; write the summary."""
+        runtime, strategy = self.config.runtime, self.engine.strategy
+        node_ids = self.channel.wait_for_nodes(runtime.min_nodes, runtime.node_wait)
+        partitions = self.channel.probe(node_ids, runtime.probe_timeout)
+        order = sorted(node_ids, key=lambda n: (n not in partitions, partitions.get(n, 0), n))
+        self.device_of = {node_id: index for index, node_id in enumerate(order)}
+        seed = self.config.training.seed
+        self.fleet = load_fleet(self.config.clock.fleet).assign(
+            node_ids,
+            how=cast(Assignment, self.config.clock.fleet_assignment),
+            seed=seed,
+            key=self.device_of.__getitem__,
+        )
+        self.clock = self._clock_override or (
+            VirtualClock(self.fleet, seed=seed, key=self.device_of.__getitem__)
+            if self.config.clock.clock == "virtual"
+            else WallClock()
+        )
+        self.journal.now = self.clock.now
+        self.scheduler = TaskScheduler(
+            node_ids, concurrency=strategy.concurrency, max_retries=runtime.max_retries
+        )
+        self.recorder.events.write(
+            "async_start",
+            strategy=strategy.name,
+            nodes=len(node_ids),
+            concurrency=strategy.concurrency,
+            buffer_size=strategy.buffer_size,
+            staleness=strategy.staleness.spec(),
+            clock=self.clock.name,
+            fleet=self.fleet.spec.name,
+            profiles=[self.fleet.profile_for(n).name for n in order],
+            node_of_device=order,
+            version=self.engine.version,
+        )
+        log(
+            INFO,
+            "[fedsync] %s: %d nodes, C=%d, K=%d, %s clock, fleet %s",
+            strategy.name,
+            len(node_ids),
+            strategy.concurrency,
+            strategy.buffer_size,
+            self.clock.name,
+            self.fleet.spec.name,
+        )
+        for node_id in order:
+            self.clock.wake(node_id)
+        self.journal.evaluate()
+        self.stop_reason = self._loop()
+        if self.journal.last_eval_version != self.engine.version:
+            self.journal.evaluate()
+        return self.journal.finish(
+            self.stop_reason,
+            fleet=self.fleet.spec.name,
+            clock=self.clock.describe(),
+            tasks_in_flight_at_end=len(self.tasks),
+            devices=self.scheduler.summary(),
+        )
+
+    def _loop(self) -> str:
+        while True:
+            reason = self._stop_reason()
+            if reason:
+                return reason
+            self._dispatch_ready()
+            event = self.clock.pop()
+            if event is not None:
+                limit, offset = self.config.stop.max_sim_time, self.journal.time_offset
+                if limit and event.time + offset > limit:
+                    # Popping moved the clock past the limit; the run ends at the limit.
+                    self.journal.time_cap = limit - offset
+                    return "max-sim-time"
+                self._handle(event)
+                continue
+            if self.clock.waiting == 0 and self.clock.queued == 0:
+                # Nothing in flight and nothing scheduled: nobody can ever reply.
+                if self.scheduler.exhausted:
+                    return "no-devices-left"
+                return "max-tasks" if self.journal.tasks_dispatched >= self._max_tasks else "idle"
+            if not self._collect(self.channel.poll()):
+                self._collect(self.channel.overdue())
+                self._refresh_nodes()
+                self.channel.sleep(self.config.runtime.poll_interval)
+
+    def _stop_reason(self) -> str:
+        stop = self.config.stop
+        if self.engine.version >= stop.max_aggregations:
+            return "max-aggregations"
+        if stop.stop_at_target and self.tally.target is not None:
+            return "target-accuracy"
+        if stop.max_sim_time and self.clock.now() + self.journal.time_offset >= stop.max_sim_time:
+            return "max-sim-time"
+        if stop.max_wall_time and self.journal.wall() >= stop.max_wall_time:
+            return "max-wall-time"
+        return ""
+
+    # --- dispatch -----------------------------------------------------------------------------
+    def _dispatch_ready(self) -> None:
+        while self.journal.tasks_dispatched < self._max_tasks:
+            node_id = self.scheduler.next_device()
+            if node_id is None:
+                return
+            self.journal.tasks_dispatched += 1
+            self._dispatch(node_id, self.journal.tasks_dispatched)
+
+    def _dispatch(self, node_id: int, number: int) -> None:
+        plan = self.engine.plan_task(node_id, number)
+        self.tasks[plan.task_id] = plan
+        size = len(plan.downlink.payload)
+        now = self.clock.now()
+        self._dispatched_at[plan.task_id] = now
+        send = self.clock.start(plan.task_id, node_id, size)
+        self.recorder.events.write(
+            "dispatch",
+            task=plan.task_id,
+            node=node_id,
+            device=self.device_of[node_id],
+            version=plan.version,
+            bytes_down=size,
+            downlink_kind=plan.downlink.kind,
+            uplink_codec=plan.uplink_spec,
+            in_flight=self.scheduler.in_flight,
+            sim_time=self.journal.sim(now),
+        )
+        if not send:
+            return  # the clock lost it already (dropout/offline): a drop event follows
+        training = self.config.training
+        task = TrainTask(
+            payload=plan.downlink.payload,
+            downlink_kind=plan.downlink.kind,
+            version=plan.version,
+            uplink_codec=plan.uplink_spec,
+            task_seed=task_seed(training.seed, number),
+            job=self.journal.job_id,
+            local_epochs=training.local_epochs,
+            local_steps=training.local_steps,
+            batch_size=training.batch_size,
+            learning_rate=training.learning_rate,
+            momentum=training.momentum,
+            proximal_mu=training.proximal_mu,
+        )
+        failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
+        if failure:
+            self.clock.error(plan.task_id, failure)
+
+    # --- collecting replies -------------------------------------------------------------------
+    def _collect(self, deliveries: list[Delivery]) -> bool:
+        for delivery in deliveries:
+            if delivery.reply is None:
+                self.clock.error(delivery.task_id, delivery.error)
+                continue
+            reply: TrainReply = delivery.reply
+            self._replies[delivery.task_id] = reply
+            training = self.config.training
+            work = TaskWork.from_reply(
+                len(reply.payload),
+                examples=reply.num_examples,
+                steps=reply.num_steps,
+                epochs=training.local_epochs,
+                batch_size=training.batch_size,
+            )
+            self.clock.reply(delivery.task_id, work)
+        return bool(deliveries)
+
+    def _refresh_nodes(self) -> None:
+        # Only deployments gain nodes mid-run; a simulation's set is fixed (and a refresh
+        # there could only cost determinism).
+        if self.clock.name != "wall":
+            return
+        now = time.monotonic()
+        if now - self._last_node_refresh < NODE_REFRESH_S:
+            return
+        self._last_node_refresh = now
+        for node_id in self.channel.node_ids():
+            if self.scheduler.join(node_id):
+                self.device_of[node_id] = len(self.device_of)
+                self.fleet.add(node_id)
+                self._event("node-joined", node_id)
+                self.clock.wake(node_id)
+            elif self._came_back(node_id):
+                self._event("node-returned", node_id)
+                log(INFO, "[fedsync] node %d is back online; it gets work again", node_id)
+                self.clock.wake(node_id)
+
+    def _came_back(self, node_id: int) -> bool:
+        """Take back a device given up because it had left, now that it is online.
+
+        A device given up for bad replies or crashes while online stays out. (The
+        scheduler has no transition out of RETIRED; this is that transition.)
+        """
+        stats = self.scheduler.devices[node_id]
+        if stats.state is not DeviceState.RETIRED:
+            return False
+        if not stats.last_failure.startswith(GONE_FAILURES):
+            return False
+        stats.state = DeviceState.IDLE
+        stats.consecutive_failures = 0
+        return True
+
+    # --- events -------------------------------------------------------------------------------
+    def _handle(self, event: ClockEvent) -> None:
+        if event.kind == "wake":
+            self.scheduler.apply(event.node_id)
+        elif event.kind == "reply":
+            self._on_reply(event)
+        elif event.kind == "error":
+            self._on_error(event)
+        else:
+            self._on_lost(event)
+
+    def _on_reply(self, event: ClockEvent) -> None:
+        plan = self.tasks.pop(event.task_id)
+        reply = self._replies.pop(event.task_id)
+        node_id = plan.node_id
+        staleness = self.engine.arrived(plan, len(reply.payload))
+        self._event(
+            "arrival",
+            node_id,
+            event.time,
+            task=plan.task_id,
+            version=plan.version,
+            staleness=staleness,
+            bytes_up=len(reply.payload),
+            bytes_down=len(plan.downlink.payload),
+            num_examples=reply.num_examples,
+            train_loss=reply.metrics.get(protocol.TRAIN_LOSS),
+            sim_duration=round(event.time - self._dispatched_at.pop(plan.task_id), 6),
+            wall_compute_s=reply.metrics.get(protocol.COMPUTE_SECONDS),
+        )
+        verdict = self.engine.receive(
+            plan, reply.payload, reply.num_examples, malformed=reply.malformed
+        )
+        if verdict.status == "rejected":
+            retired = self.scheduler.fail(node_id, f"rejected: {verdict.why}")
+            log(
+                WARNING,
+                "[fedsync] rejected %s from node %d: %s",
+                plan.task_id,
+                node_id,
+                verdict.why,
+            )
+            self._event(
+                "drop",
+                node_id,
+                event.time,
+                task=plan.task_id,
+                reason="rejected",
+                rejection=verdict.kind,
+                detail=verdict.why[:500],
+                gave_up=retired,
+            )
+            self._after_failure(plan, retired, event)
+            return
+        if verdict.status == "stale":
+            self._event(
+                "drop",
+                node_id,
+                event.time,
+                task=plan.task_id,
+                reason="stale",
+                staleness=staleness,
+                max_staleness=self.engine.strategy.max_staleness,
+            )
+        self.scheduler.finish(node_id)
+        self.clock.wake(node_id)
+        if verdict.status == "aggregated":
+            self.journal.aggregated(event.time, verdict.updates, verdict.weight_sum)
+
+    def _on_error(self, event: ClockEvent) -> None:
+        plan = self.tasks.pop(event.task_id)
+        self._dispatched_at.pop(event.task_id, None)
+        # Reasons read "<kind> (code N): detail" or "<kind>: detail".
+        kind = event.reason.split(":", 1)[0].split(" (", 1)[0] or "error"
+        self.tally.errors[kind] += 1
+        retired = self.scheduler.fail(plan.node_id, event.reason)
+        if not retired and kind in GONE_FAILURES and not self.channel.online(plan.node_id):
+            # The SuperLink has marked the node offline: every retry would hold a slot
+            # only to fail the same way. Give it up now; _refresh_nodes takes it back
+            # when it is online again.
+            self.scheduler.retire(plan.node_id, event.reason)
+            retired = True
+        self._event(
+            "error",
+            plan.node_id,
+            event.time,
+            task=plan.task_id,
+            reason=event.reason[:500],
+            failures=self.scheduler.devices[plan.node_id].consecutive_failures,
+            gave_up=retired,
+        )
+        self._after_failure(plan, retired, event)
+
+    def _after_failure(self, plan: TaskPlan, retired: bool, event: ClockEvent) -> None:
+        self.engine.forget(plan)
+        node_id = plan.node_id
+        if retired:
+            self.tally.gave_up.append(node_id)
+            stats = self.scheduler.devices[node_id]
+            self._event(
+                "give-up",
+                node_id,
+                event.time,
+                failures=stats.failures,
+                last_failure=stats.last_failure[:500],
+            )
+            log(WARNING, "[fedsync] node %d given up after repeated failures", node_id)
+        else:
+            self.clock.wake(node_id)
+
+    def _on_lost(self, event: ClockEvent) -> None:
+        plan = self.tasks.pop(event.task_id)
+        self._replies.pop(event.task_id, None)
+        self._dispatched_at.pop(event.task_id, None)
+        self.tally.drops[event.reason] += 1
+        self.engine.forget(plan)
+        self.scheduler.lose(plan.node_id)
+        self._event("drop", plan.node_id, event.time, task=plan.task_id, reason=event.reason)
+        self.clock.wake(plan.node_id)
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _event(self, kind: str, node_id: int, time_: float | None = None, **fields: Any) -> None:
+        """Write a per-device event (its device index and simulated time added)."""
+        when = self.journal.sim(time_) if time_ is not None else self.journal.sim_now()
+        self.recorder.events.write(
+            kind, **{"node": node_id, "device": self.device_of[node_id], **fields, "sim_time": when}
+        )
+
+
+def task_seed(seed: int, number: int) -> int:
+    """A distinct, reproducible seed per (run seed, task number), 31 bits (torch/numpy)."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, number]).generate_state(1)[0]
+    return int(state) & 0x7FFFFFFF

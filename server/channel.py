@@ -1,0 +1,175 @@
+"""The asynchronous server's channel to the nodes, over Flower's Grid Message API.
+
+The one place that talks to the Grid for the asynchronous strategies: push a task,
+pull replies without blocking, notice replies that never come (TTL), know which nodes
+exist and which are online, and ask each node who it is (the partition probe). Nothing
+here decides what a task carries or what a reply means: the records are built and read
+by :mod:`fedsync.protocol`, the decisions are the engine's and the loop's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from logging import WARNING
+
+from flwr.app import Message, MessageType
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fedsync.protocol import TrainReply, TrainTask
+from server.probe import probe_partitions
+
+__all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
+
+ERROR_NAMES = {
+    2: "clientapp-exception",
+    3: "ttl-expired",
+    4: "reply-expired",
+    5: "node-unavailable",
+    8: "clientapp-crashed",
+}
+"""Error codes Flower 1.39 sets on replies, by the name the run's counters use."""
+
+TTL_GRACE_S = 10.0
+"""Extra real seconds past a task's TTL before the channel stops waiting for its reply
+(Flower normally answers an expired task with error code 3 itself)."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What came back for one task: a reply, or an error (``"<kind> (code N): ..."``)."""
+
+    task_id: str
+    reply: TrainReply | None = None
+    error: str = ""
+
+
+class GridChannel:
+    """Push tasks, pull replies, watch TTLs and nodes, over one Flower Grid.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        The ServerApp's Grid.
+    task_ttl : float
+        Flower TTL of every task message, in seconds.
+    poll_interval : float
+        Real seconds between pulls of the probe when nothing came in.
+    sleep : callable
+        How to wait (tests pass a no-op).
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        task_ttl: float,
+        poll_interval: float = 0.05,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.grid = grid
+        self.task_ttl = task_ttl
+        self.poll_interval = poll_interval
+        self.sleep = sleep
+        self._task_of: dict[str, str] = {}
+        """Message id -> task id, for every message whose reply is still awaited."""
+        self._pushed_at: dict[str, float] = {}
+
+    # --- nodes --------------------------------------------------------------------------------
+    def node_ids(self) -> list[int]:
+        """The connected nodes, sorted."""
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def online(self, node_id: int) -> bool:
+        """Whether the SuperLink lists the node (a flaky connection: assume it is)."""
+        try:
+            return node_id in set(self.node_ids())
+        except Exception:  # a flaky SuperLink connection: assume nothing
+            return True
+
+    def wait_for_nodes(self, minimum: int, timeout: float) -> list[int]:
+        """Wait up to ``timeout`` real seconds for ``minimum`` nodes; at least one.
+
+        Raises
+        ------
+        RuntimeError
+            If no node connected at all.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            node_ids = self.node_ids()
+            if len(node_ids) >= minimum:
+                return node_ids
+            if time.monotonic() >= deadline:
+                if node_ids:
+                    log(WARNING, "[fedsync] only %d of %d nodes; starting", len(node_ids), minimum)
+                    return node_ids
+                raise RuntimeError(f"no SuperNode connected within node-wait={timeout} s")
+            self.sleep(1.0)
+
+    def probe(self, node_ids: list[int], timeout: float) -> dict[int, int]:
+        """Ask every node for its ``partition-id`` (see :func:`server.probe.probe_partitions`)."""
+        return probe_partitions(
+            self.grid, node_ids, timeout=timeout, poll_interval=self.poll_interval, sleep=self.sleep
+        )
+
+    # --- tasks --------------------------------------------------------------------------------
+    @property
+    def awaited(self) -> int:
+        """Messages whose reply is still awaited."""
+        return len(self._task_of)
+
+    def send(self, task_id: str, node_id: int, task: TrainTask, *, group: str) -> str:
+        """Push one TRAIN message; ``""`` on success, else why it failed (``push-failed: ...``)."""
+        message = Message(
+            task.to_record(),
+            dst_node_id=node_id,
+            message_type=MessageType.TRAIN,
+            ttl=self.task_ttl,
+            group_id=group,
+        )
+        try:
+            message_ids = [str(mid) for mid in self.grid.push_messages([message])]
+            failure = "push-failed: push_messages returned no message id"
+        except Exception as err:  # a dead SuperLink connection must not end the run
+            message_ids, failure = [], f"push-failed: {type(err).__name__}: {err}"
+        if not message_ids or not message_ids[0]:
+            return failure
+        self._task_of[message_ids[0]] = task_id
+        self._pushed_at[message_ids[0]] = time.monotonic()
+        return ""
+
+    def poll(self) -> list[Delivery]:
+        """Pull the replies that are in (never blocks); one delivery per answered task."""
+        if not self._task_of:
+            return []
+        deliveries = []
+        for reply in self.grid.pull_messages(list(self._task_of)):
+            message_id = reply.metadata.reply_to_message_id
+            task_id = self._task_of.pop(message_id, None)
+            self._pushed_at.pop(message_id, None)
+            if task_id is None:
+                continue  # a reply we stopped waiting for (TTL guard) or a duplicate
+            if reply.has_error():
+                code = int(reply.error.code)
+                name = ERROR_NAMES.get(code, "error")
+                error = f"{name} (code {code}): {reply.error.reason or ''}".strip()
+                deliveries.append(Delivery(task_id, error=error))
+            else:
+                deliveries.append(Delivery(task_id, reply=TrainReply.from_record(reply.content)))
+        return deliveries
+
+    def overdue(self) -> list[Delivery]:
+        """Stop waiting for replies well past their TTL (Flower should have said so)."""
+        now = time.monotonic()
+        late = [m for m, at in self._pushed_at.items() if now - at > self.task_ttl + TTL_GRACE_S]
+        deliveries = []
+        for message_id in late:
+            del self._pushed_at[message_id]
+            task_id = self._task_of.pop(message_id)
+            deliveries.append(
+                Delivery(task_id, error="ttl-expired: no reply from Flower past the TTL")
+            )
+        return deliveries

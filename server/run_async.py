@@ -1,0 +1,166 @@
+"""Run an asynchronous strategy as the ServerApp does: engine, channel, checkpoints.
+
+:func:`run_async_strategy` is what the strategy registry calls (the run config decides
+everything); :func:`run_async` is the same with the pieces given, for tests and
+programmatic runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context
+from flwr.serverapp import Grid
+
+from fedsync.aggregation.downlink import CodecFactory
+from fedsync.aggregation.guard import UpdateNormGuard
+from fedsync.clock import Clock
+from fedsync.config import RunConfig, resolve_device
+from fedsync.engine import AggregationEngine
+from fedsync.reports import RunRecorder, RunSummary
+from server.async_run import AsyncRun, EvaluateFn
+from server.channel import GridChannel
+from server.checkpoint import AsyncCheckpoint, check_fits, find_resume, store_for
+from server.evaluation import CentralEvaluator
+
+__all__ = ["AsyncResult", "run_async", "run_async_strategy"]
+
+
+@dataclass
+class AsyncResult:
+    """What :func:`run_async` returns: the summary and the state to continue from."""
+
+    result: RunSummary
+    global_state: dict[str, torch.Tensor]
+    checkpoint: AsyncCheckpoint
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The ``summary.json`` document."""
+        return self.result.to_dict()
+
+    @property
+    def version(self) -> int:
+        """Aggregations done (including those before a resume)."""
+        return self.result.aggregations
+
+    @property
+    def evaluations(self) -> list[dict[str, Any]]:
+        """Every central evaluation of this run."""
+        return self.result.tally.evaluations
+
+
+def run_async(
+    grid: Grid,
+    config: RunConfig,
+    *,
+    recorder: RunRecorder,
+    global_state: Mapping[str, torch.Tensor],
+    evaluate_fn: EvaluateFn,
+    codec_factory: CodecFactory | None = None,
+    clock: Clock | None = None,
+    resume: AsyncCheckpoint | None = None,
+    checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
+    norm_guard: UpdateNormGuard | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    device: str | torch.device = "cpu",
+) -> AsyncResult:
+    """Run the asynchronous strategy ``config.strategy`` over the Grid to a stop condition.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Flower's Grid (``push_messages`` / ``pull_messages`` / ``get_node_ids``).
+    config : RunConfig
+        The run's settings.
+    recorder : RunRecorder
+        Where events, ``summary.json`` and plots go.
+    global_state : mapping of str to torch.Tensor
+        The initial global model (ignored when resuming: the checkpoint's is used).
+    evaluate_fn : callable
+        ``state -> {"accuracy": ..., "loss": ..., ...}``, the central evaluation.
+    codec_factory : callable, optional
+        Spec string -> codec; default :func:`fedsync.engine.default_codec_factory`.
+    clock : Clock, optional
+        Overrides the clock the ``clock`` setting would build (tests).
+    resume : AsyncCheckpoint, optional
+        Continue from a checkpoint (model, optimizer state, version, counters, job).
+    checkpoint_fn : callable, optional
+        Receives the checkpoints (``checkpoint-every`` says when).
+    norm_guard : UpdateNormGuard, optional
+        The norm check; default: the one the run config's guard keys describe.
+    sleep : callable
+        How to wait between empty pulls (tests pass a no-op).
+    device : str or torch.device
+        Where the aggregation buffer lives.
+    """
+    engine = AggregationEngine(
+        config,
+        resume.global_state if resume is not None else global_state,
+        codec_factory=codec_factory,
+        norm_guard=norm_guard or UpdateNormGuard.from_section(config.guard),
+        device=device,
+        version=resume.version if resume is not None else 0,
+        optimizer_state=resume.optimizer_state if resume is not None else None,
+    )
+    channel = GridChannel(
+        grid,
+        task_ttl=config.runtime.task_ttl,
+        poll_interval=config.runtime.poll_interval,
+        sleep=sleep,
+    )
+    run = AsyncRun(
+        engine,
+        channel,
+        recorder=recorder,
+        evaluate_fn=evaluate_fn,
+        clock=clock,
+        resume=resume,
+        checkpoint_fn=checkpoint_fn,
+    )
+    result = run.run()
+    return AsyncResult(result, engine.state, run.journal.checkpoint())
+
+
+def run_async_strategy(
+    grid: Grid,
+    context: Context,
+    config: RunConfig,
+    recorder: RunRecorder,
+    evaluator: CentralEvaluator,
+) -> RunSummary:
+    """The registry's runner for every asynchronous strategy.
+
+    Checkpoints and resuming follow the run config (:mod:`server.checkpoint`), the
+    norm check too; the run's ``device`` ("auto": CUDA when the server sees one) also
+    hosts the aggregation buffer, so a GPU server scatter-adds there.
+    """
+    section = config.checkpoints
+    store = store_for(section, recorder.folder)
+    initial = evaluator.initial_state()
+    found = find_resume(section, store, run_name=config.output.run_name)
+    resume = None
+    if found is not None:
+        path, resume = found
+        check_fits(resume, initial)
+        recorder.events.write("resume", checkpoint=str(path), version=resume.version)
+    outcome = run_async(
+        grid,
+        config,
+        recorder=recorder,
+        global_state=initial,
+        evaluate_fn=evaluator,
+        resume=resume,
+        checkpoint_fn=store.save if section.checkpoint_every > 0 else None,
+        device=resolve_device(config.training.device),
+    )
+    outcome.result.details["checkpoints"] = {
+        "every": section.checkpoint_every,
+        "folder": str(store.folder) if section.checkpoint_every > 0 else None,
+        "resumed_from": str(found[0]) if found is not None else None,
+    }
+    return outcome.result
