@@ -505,9 +505,7 @@ class RunConfig:
             Section objects that replace what the run config says (tests).
         """
         strategy = _coerce("strategy", run_config.get("strategy", cls.strategy), str)
-        built: dict[str, Any] = {
-            name: kind.from_run_config(run_config) for name, kind in SECTIONS
-        }
+        built: dict[str, Any] = {name: kind.from_run_config(run_config) for name, kind in SECTIONS}
         built.update(sections)
         return cls(strategy=strategy, **built)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import numpy as np
 import torch
 
 from fedsync.aggregation import (
@@ -80,6 +81,9 @@ class TaskPlan:
         The codec spec its update must come back with.
     downlink : DownlinkPayload
         The encoded model (or delta) it carries.
+    seed : int
+        Seeds the task's random choices on the device (shuffling, stochastic rounding):
+        distinct and reproducible per (run seed, task number).
     """
 
     task_id: str
@@ -88,6 +92,7 @@ class TaskPlan:
     version: int
     uplink_spec: str
     downlink: DownlinkPayload
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,7 @@ class AggregationEngine:
             version=version,
             uplink_spec=self.schedule.spec(version),
             downlink=downlink,
+            seed=task_seed(self.config.training.seed, number),
         )
         if downlink.start is not None:
             self._starts[plan.task_id] = downlink.start
@@ -343,6 +349,12 @@ class AggregationEngine:
                 "downlink-kind = 'delta', which keeps a per-device residual on the server"
             )
         return codec
+
+
+def task_seed(seed: int, number: int) -> int:
+    """A distinct, reproducible 31-bit seed (torch/numpy) per (run seed, task number)."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, number]).generate_state(1)[0]
+    return int(state) & 0x7FFFFFFF
 
 
 def _rejection_kind(why: str) -> str:

@@ -41,11 +41,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedsync.config import TrainingSection
 from fedsync.persist import JOB_KEY
 from fedsync.records import get_float, get_int, get_str
 
@@ -152,6 +153,19 @@ class TrainTask:
     learning_rate: float = 0.1
     momentum: float = 0.9
     proximal_mu: float = 0.0
+
+    @classmethod
+    def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
+        """A task with the run's local-training settings (``task``: the other fields)."""
+        return cls(
+            **task,
+            local_epochs=training.local_epochs,
+            local_steps=training.local_steps,
+            batch_size=training.batch_size,
+            learning_rate=training.learning_rate,
+            momentum=training.momentum,
+            proximal_mu=training.proximal_mu,
+        )
 
     def to_record(self) -> RecordDict:
         """The TRAIN message's content."""

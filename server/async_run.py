@@ -24,11 +24,10 @@ from collections.abc import Callable
 from logging import INFO, WARNING
 from typing import Any, cast
 
-import numpy as np
 from flwr.common.logger import log
 
 from fedsync import protocol
-from fedsync.aggregation import DeviceState, TaskScheduler
+from fedsync.aggregation import TaskScheduler
 from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
 from fedsync.clock.fleet import Assignment
 from fedsync.config import RunConfig
@@ -147,16 +146,7 @@ class AsyncRun:
             node_of_device=order,
             version=self.engine.version,
         )
-        log(
-            INFO,
-            "[fedsync] %s: %d nodes, C=%d, K=%d, %s clock, fleet %s",
-            strategy.name,
-            len(node_ids),
-            strategy.concurrency,
-            strategy.buffer_size,
-            self.clock.name,
-            self.fleet.spec.name,
-        )
+        log(INFO, "[fedsync] %s: %d nodes, %s", strategy.name, len(node_ids), self.clock.name)
         for node_id in order:
             self.clock.wake(node_id)
         self.journal.evaluate()
@@ -239,19 +229,14 @@ class AsyncRun:
         if not send:
             return  # the clock lost it already (dropout/offline): a drop event follows
         training = self.config.training
-        task = TrainTask(
+        task = TrainTask.for_training(
+            training,
             payload=plan.downlink.payload,
             downlink_kind=plan.downlink.kind,
             version=plan.version,
             uplink_codec=plan.uplink_spec,
-            task_seed=task_seed(training.seed, number),
+            task_seed=plan.seed,
             job=self.journal.job_id,
-            local_epochs=training.local_epochs,
-            local_steps=training.local_steps,
-            batch_size=training.batch_size,
-            learning_rate=training.learning_rate,
-            momentum=training.momentum,
-            proximal_mu=training.proximal_mu,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
         if failure:
@@ -291,25 +276,10 @@ class AsyncRun:
                 self.fleet.add(node_id)
                 self._event("node-joined", node_id)
                 self.clock.wake(node_id)
-            elif self._came_back(node_id):
+            elif self.scheduler.readmit(node_id, GONE_FAILURES):
                 self._event("node-returned", node_id)
                 log(INFO, "[fedsync] node %d is back online; it gets work again", node_id)
                 self.clock.wake(node_id)
-
-    def _came_back(self, node_id: int) -> bool:
-        """Take back a device given up because it had left, now that it is online.
-
-        A device given up for bad replies or crashes while online stays out. (The
-        scheduler has no transition out of RETIRED; this is that transition.)
-        """
-        stats = self.scheduler.devices[node_id]
-        if stats.state is not DeviceState.RETIRED:
-            return False
-        if not stats.last_failure.startswith(GONE_FAILURES):
-            return False
-        stats.state = DeviceState.IDLE
-        stats.consecutive_failures = 0
-        return True
 
     # --- events -------------------------------------------------------------------------------
     def _handle(self, event: ClockEvent) -> None:
@@ -438,9 +408,3 @@ class AsyncRun:
         self.recorder.events.write(
             kind, **{"node": node_id, "device": self.device_of[node_id], **fields, "sim_time": when}
         )
-
-
-def task_seed(seed: int, number: int) -> int:
-    """A distinct, reproducible seed per (run seed, task number), 31 bits (torch/numpy)."""
-    state = np.random.SeedSequence([seed & 0xFFFFFFFF, number]).generate_state(1)[0]
-    return int(state) & 0x7FFFFFFF

@@ -32,11 +32,16 @@ __all__ = ["AsyncResult", "run_async", "run_async_strategy"]
 
 @dataclass
 class AsyncResult:
-    """What :func:`run_async` returns: the summary and the state to continue from."""
+    """What :func:`run_async` returns: the summary, the engine and a checkpoint."""
 
     result: RunSummary
-    global_state: dict[str, torch.Tensor]
+    engine: AggregationEngine
     checkpoint: AsyncCheckpoint
+
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        """The final global model (every tensor of the state dict)."""
+        return self.engine.state
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -123,7 +128,7 @@ def run_async(
         checkpoint_fn=checkpoint_fn,
     )
     result = run.run()
-    return AsyncResult(result, engine.state, run.journal.checkpoint())
+    return AsyncResult(result, engine, run.journal.checkpoint())
 
 
 def run_async_strategy(

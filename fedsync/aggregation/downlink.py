@@ -146,6 +146,12 @@ class DownlinkEncoder:
         self._pending.pop(node_id, None)
         self._replicas.pop(node_id, None)
 
+    def holds(self, node_id: int) -> dict[str, torch.Tensor] | None:
+        """The model the server expects the device to hold once it has applied its last
+        payload (delta mode; ``None``: unknown, its next payload is full)."""
+        pending = self._pending.get(node_id)
+        return pending if pending is not None else self._replicas.get(node_id)
+
     @property
     def replicas(self) -> int:
         """Devices whose model the server mirrors (delta mode)."""

@@ -9,6 +9,7 @@ has no notion of time, messages or models:
 
     idle --apply()--> ready --next_device()--> busy --finish() / lose()--> idle
                                                  \\--fail()--> idle (retry) | retired
+    retired --readmit()--> idle   (a device that had left is back)
 
 A device whose task fails ``max_retries + 1`` times in a row (error reply, TTL expired,
 node unavailable, rejected payload) is retired: it gets no more work, and once every
@@ -194,6 +195,16 @@ class TaskScheduler:
             self._ready.remove(node_id)
         stats.state = DeviceState.RETIRED
         stats.last_failure = reason
+
+    def readmit(self, node_id: int, failures: tuple[str, ...]) -> bool:
+        """Take a retired device back if its last failure starts with one of ``failures``
+        (it had left and is back); returns whether it was taken back (now idle)."""
+        stats = self._stats(node_id)
+        if stats.state is not DeviceState.RETIRED or not stats.last_failure.startswith(failures):
+            return False
+        stats.state = DeviceState.IDLE
+        stats.consecutive_failures = 0
+        return True
 
     def summary(self) -> dict[str, dict[str, int | str]]:
         """Per-device counters, by node id (as strings, for JSON)."""

@@ -514,12 +514,16 @@ def test_teasq_decays_compression_and_weights_by_examples(tmp_path: Path) -> Non
 
 
 def test_delta_downlink_keeps_replicas_and_falls_back_to_full(tmp_path: Path) -> None:
+    """With the real, lossy codec (top-k 10 %, 8-bit) every device's model equals, bit
+    for bit, the server's copy of it: what the codec left out stays on the server."""
     result, events, _, clients = run(
         tmp_path,
         "delta",
+        real_codec=True,
+        uplink_codec="topk:{density}+uniform:{bits}+ef",
+        downlink_codec="none+fp16",
         downlink_kind="delta",
-        downlink_delta_codec="dense-delta",
-        behaviour={},
+        downlink_delta_codec="topk:0.1+uniform:8",
         max_aggregations=9,
     )
     kinds: dict[int, list[str]] = {}
@@ -528,8 +532,19 @@ def test_delta_downlink_keeps_replicas_and_falls_back_to_full(tmp_path: Path) ->
     assert all(k[0] == "full" for k in kinds.values())
     assert any("delta" in k for k in kinds.values())
     assert result.summary["final_accuracy"] > result.evaluations[0]["accuracy"]
-    # the clients' models (built from deltas) equal the global model they were sent
-    assert clients.models
+    downlink = result.engine.downlink
+    assert set(clients.models) == set(kinds)
+    for node, model in clients.models.items():
+        held = downlink.holds(node)
+        assert held is not None, f"node {node}: the server lost track of its model"
+        for name in SHAPES:
+            assert torch.equal(model[name], held[name]), f"node {node}, {name}"
+    # and the global model moved on past every replica: the residual is real
+    assert any(
+        not torch.equal(result.global_state[name], downlink.holds(node)[name])  # type: ignore[index]
+        for node in clients.models
+        for name in SHAPES
+    )
 
 
 def test_offline_and_dropout_losses_are_counted_not_retired(tmp_path: Path) -> None:
