@@ -1,8 +1,9 @@
 """Simulated vs deployed: does the virtual clock predict a run over real, shaped links?
 
-``python -m fedsync.deploy.fidelity`` (root: it builds network namespaces) runs the
-scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``: three devices
-whose links, from the fleet ``links-fidelity``, are 1, 5 and 20 Mbit/s) five times:
+``python -m simulations.fidelity`` (root: it builds network namespaces) runs the
+scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``, read by
+:func:`simulations.scenario.load_scenario`: three devices whose links, from the fleet
+``links-fidelity``, are 1, 5 and 20 Mbit/s) five times:
 
 1. **calibration** -- deployed (TLS, node auth, one namespace per SuperNode) on
    *unshaped* links: the measured ClientApp compute seconds give the compute speed,
@@ -32,7 +33,6 @@ import platform
 import statistics
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,25 +44,40 @@ from fedsync.deploy.local import LocalSuperLink
 from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
 from fedsync.deploy.timing import TaskTiming
 from fedsync.reports import read_events
+from simulations.scenario import (
+    PROJECT_ROOT,
+    Scenario,
+    ScenarioError,
+    app_run_config_defaults,
+    load_scenario,
+)
 
-__all__ = ["Calibration", "FidelitySetup", "main", "run_fidelity"]
+__all__ = [
+    "DEFAULT_OUT",
+    "DEFAULT_SCENARIO",
+    "Calibration",
+    "FidelitySetup",
+    "main",
+    "run_fidelity",
+]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SCENARIO = PROJECT_ROOT / "simulations" / "scenarios" / "links-fidelity.toml"
+DEFAULT_SCENARIO = "links-fidelity"
+"""The scenario run by default (a name in ``simulations/scenarios``, or a path)."""
+
 DEFAULT_OUT = PROJECT_ROOT / "simulations" / "results" / "links-fidelity"
 _MBIT = 1e6
 
 
 @dataclass(frozen=True)
 class FidelitySetup:
-    """The experiment, read from a scenario file (its ``teasq`` strategy).
+    """The experiment: one strategy of a scenario (by default its ``teasq``).
 
     Attributes
     ----------
     name : str
         Scenario name.
     run_config : dict
-        Shared run config with the ``teasq`` strategy's keys merged in.
+        Shared run config with the strategy's keys merged in.
     federation : dict
         The simulation's ``--federation-config``.
     target : float
@@ -71,6 +86,9 @@ class FidelitySetup:
         Seconds per run.
     fleet : FleetSpec
         The fleet named by the run config: one device (and link) per node.
+    epochs : int
+        Local epochs per task (samples processed = examples x epochs): the run
+        config's ``local-epochs``, else the app's default.
     """
 
     name: str
@@ -79,38 +97,45 @@ class FidelitySetup:
     target: float
     timeout: float
     fleet: FleetSpec
+    epochs: int
 
     @classmethod
-    def from_scenario(cls, path: Path, strategy: str = "teasq") -> FidelitySetup:
-        """Read ``[run-config]``, ``[strategies.<strategy>]``, ``[federation]`` and
-        ``[target] accuracy`` of a scenario file.
+    def from_scenario(cls, scenario: Scenario, strategy: str = "teasq") -> FidelitySetup:
+        """The setup of one strategy of a loaded (validated) scenario.
 
         Raises
         ------
-        ValueError
-            When a table or the absolute target is missing, or the fleet has not one
-            device per node.
+        ScenarioError
+            When the scenario has no such strategy, its target is not an absolute
+            accuracy, or the fleet has not one device per node.
         """
-        with path.open("rb") as file:
-            data = tomllib.load(file)
+        where = f"scenario {scenario.name!r}"
         try:
-            run_config = {**data["run-config"], **data["strategies"][strategy]}
-            target = float(data["target"]["accuracy"])
+            spec = scenario.strategy(strategy)
         except KeyError as err:
-            raise ValueError(f"{path}: needs [run-config], [strategies.{strategy}] and "
-                             f"[target] accuracy ({err} missing)") from err  # fmt: skip
-        federation = dict(data.get("federation", {}))
+            raise ScenarioError(str(err.args[0])) from None
+        if scenario.target.kind != "accuracy":
+            raise ScenarioError(
+                f"{where}: the fidelity run needs an absolute [target] accuracy, "
+                f"got {scenario.target.describe()}"
+            )
+        run_config = dict(spec.run_config)
+        federation = dict(scenario.federation)
         fleet = load_fleet(str(run_config.get("fleet", "")))
         nodes = int(federation.get("num-supernodes", len(fleet)))
         if nodes != len(fleet):
-            raise ValueError(f"{path}: {nodes} supernodes but fleet {fleet.name} has {len(fleet)}")
+            raise ScenarioError(
+                f"{where}: {nodes} supernodes but fleet {fleet.name} has {len(fleet)}"
+            )
+        epochs = run_config.get("local-epochs", app_run_config_defaults()["local-epochs"])
         return cls(
-            name=str(data.get("name", path.stem)),
+            name=scenario.name,
             run_config=run_config,
             federation=federation,
-            target=target,
-            timeout=float(data.get("timeout", 900.0)),
+            target=scenario.target.value,
+            timeout=scenario.timeout,
             fleet=fleet,
+            epochs=int(epochs),
         )
 
     @property
@@ -120,11 +145,6 @@ class FidelitySetup:
             LinkShape(uplink_mbit=p.uplink_bps / _MBIT, downlink_mbit=p.downlink_bps / _MBIT)
             for p in self.fleet.profiles
         ]
-
-    @property
-    def epochs(self) -> int:
-        """Local epochs per task (samples processed = examples x epochs)."""
-        return int(self.run_config.get("local-epochs", 1))
 
 
 @dataclass(frozen=True)
@@ -216,7 +236,7 @@ class Calibration:
         latency_ms = (self.cold_start_s + self.overhead_s) * 1e3 if overhead else 0.0
         kind = "links + compute + measured per-task overhead" if overhead else "links + compute"
         lines = [
-            f"# Written by python -m fedsync.deploy.fidelity, calibrated on {source}.",
+            f"# Written by python -m simulations.fidelity, calibrated on {source}.",
             f'name = "{name}"',
             f'description = "{kind}"',
         ]
@@ -504,18 +524,22 @@ def _require_completed(label: str, run: LinkRun) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m fedsync.deploy.fidelity", description=__doc__)
-    parser.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
+    parser = argparse.ArgumentParser(prog="python -m simulations.fidelity", description=__doc__)
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario name or .toml path")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--workdir", type=Path, default=None, help="run folders (default runs/fidelity-<time>)"
     )
     args = parser.parse_args(argv)
+    try:
+        setup = FidelitySetup.from_scenario(load_scenario(args.scenario))
+    except ScenarioError as err:
+        print(f"fidelity: {err}", file=sys.stderr)
+        return 2
     reason = netns_unavailable_reason()
     if reason:
         print(f"cannot build shaped links here: {reason}", file=sys.stderr)
         return 2
-    setup = FidelitySetup.from_scenario(args.scenario)
     workdir = args.workdir or Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S")
     report = run_fidelity(setup, args.out, workdir=workdir.resolve())
     print(json.dumps({k: report[k] for k in ("measured", "simulated")}, indent=2))
