@@ -44,6 +44,7 @@ from fedsync.deploy.local import LocalSuperLink
 from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
 from fedsync.deploy.timing import TaskTiming
 from fedsync.reports import read_events
+from simulations.results import evaluation_entries
 from simulations.scenario import (
     PROJECT_ROOT,
     Scenario,
@@ -412,7 +413,7 @@ def _run_numbers(results: Path, *, clock: str) -> dict[str, Any]:
         },
         "accuracy_by_version": [
             [e["version"], round(float(e["accuracy"]), 4), e["sim_time"]]
-            for e in summary.get("evaluations", [])
+            for e in evaluation_entries(summary)
         ],
     }
 
