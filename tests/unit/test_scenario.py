@@ -48,10 +48,16 @@ def test_every_shipped_scenario_loads() -> None:
 
 
 def test_overrides_merge_over_shared_keys() -> None:
-    scenario = parse_scenario(_scenario_data())
+    data = _scenario_data()
+    data["run-config"]["seed"] = 1
+    data["strategies"]["teasq"]["seed"] = 7
+    scenario = parse_scenario(data)
     teasq = scenario.strategy("teasq")
     assert teasq.strategy == "teasq"
     assert teasq.run_config["dataset"] == "digits"
+    assert teasq.run_config["seed"] == 7  # the strategy's value wins over the shared one
+    assert scenario.strategy("fedavg").run_config["seed"] == 1
+    assert scenario.run_config["seed"] == 1
     assert teasq.run_config["concurrency"] == 2
     assert "concurrency" not in scenario.strategy("fedavg").run_config
     assert scenario.federation == {"num-supernodes": 4, "client-resources-num-cpus": 1}
@@ -129,7 +135,7 @@ def test_only_keeps_file_order_and_refuses_unknown_labels() -> None:
         scenario.only(["fedbuff"])
 
 
-# --- targets and ratios ---------------------------------------------------------------------
+# --- targets and scaling --------------------------------------------------------------------
 def test_target_rules() -> None:
     assert TargetRule("accuracy", 0.8).resolve([0.1]) == 0.8
     assert TargetRule("fraction-of-best", 0.5).resolve([0.6, None, 0.9]) == pytest.approx(0.45)
