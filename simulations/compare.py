@@ -15,11 +15,15 @@ bytes each strategy needed to first reach it are read off its evaluation series 
 same series for every strategy, so the numbers compare like for like, whatever target
 the runs themselves were given.
 
-Written into ``--out``: ``comparison.json``, ``comparison.md`` and ``comparison.png``
-(accuracy against simulated time, and against cumulative uplink bytes). The SuperLink's
-folder (database, logs, every run's events and summary) goes to ``--run-dir``.
-The exit status is non-zero unless every run finished as ``finished:completed``
-(``flwr run --stream`` itself exits 0 on failure; the status is read from the SuperLink).
+This module runs the strategies and is the command line; what the runs produced and
+the comparison drawn from them are :mod:`simulations.results`, the files written from
+it :mod:`simulations.report`. Written into ``--out``: ``comparison.json``,
+``comparison.md``, ``comparison.png`` (accuracy against simulated time, and against
+cumulative uplink bytes) and, when a run was asynchronous, ``staleness.png``. The
+SuperLink's folder (database, logs, every run's events and summary) goes to
+``--run-dir``. The exit status is non-zero unless every run finished as
+``finished:completed`` (``flwr run --stream`` itself exits 0 on failure; the status is
+read from the SuperLink).
 """
 
 from __future__ import annotations

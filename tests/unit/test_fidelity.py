@@ -10,7 +10,8 @@ import pytest
 from fedsync.clock import FleetSpec
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
-from simulations.fidelity import DEFAULT_SCENARIO, Calibration, FidelitySetup, main
+from simulations.fidelity import DEFAULT_SCENARIO, main
+from simulations.fidelity_setup import Calibration, FidelitySetup
 from simulations.scenario import (
     ScenarioError,
     app_run_config_defaults,
