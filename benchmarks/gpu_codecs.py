@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sizes = [int(float(s)) for s in args.sizes]
         updates, warmup, reps = args.updates, args.warmup, args.reps
     timer = Timer(device, warmup, reps)
-    from kernels.triton.ordered import LANES
+    from kernels.ordered_sums import LANES
 
     report: dict[str, Any] = {
         "device": device_name(device),

@@ -1,12 +1,13 @@
 """A node-local, crash-safe copy of the uplink codec's sender memory.
 
-Flower keeps ``context.state`` per node for the length of a run, but a restarted
-SuperNode starts with an empty one (FLOWER.md). The error-feedback residual in it is
-update mass the node has computed and *not yet sent*; losing it silently drops that
-work. With node config ``state-dir=/path`` the ClientApp also writes the codec state
-to ``<state-dir>/codec-<job>-p<partition>.npz`` after every encode (temp file, fsync,
-``os.replace``: see :mod:`fedsync.persist`) and reads it back when ``context.state``
-is empty. ``context.state`` stays the fast path: the file is read only by a fresh node.
+Flower keeps ``context.state`` per node for the length of a run, but only in the
+SuperNode process's memory: a restarted SuperNode starts with an empty one. The
+error-feedback residual in it is update mass the node has computed and *not yet
+sent*; losing it silently drops that work. With node config ``state-dir=/path`` the
+ClientApp also writes the codec state to ``<state-dir>/codec-<job>-p<partition>.npz``
+after every encode (temp file, fsync, ``os.replace``: see :mod:`fedsync.persist`) and
+reads it back when ``context.state`` is empty. ``context.state`` stays the fast path:
+the file is read only by a fresh node.
 
 ``<job>`` is the training job the server names in every task (:data:`JOB_KEY`; a
 resumed server run keeps its job), so a residual carries over a SuperNode restart and a

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from fedsync.compression.config import BuildContext, PipelineConfig
+from fedsync.compression.config import BuildContext
 from fedsync.compression.error_feedback import ErrorFeedback, ErrorFeedbackState
 from fedsync.compression.errors import (
     CodecMismatch,
@@ -44,7 +44,7 @@ from fedsync.compression.errors import (
 from fedsync.compression.pipeline import Compressor, Pipeline, build_pipeline, flatten
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.sparsifiers.mask import MaskConfig, mask_digest
-from fedsync.compression.spec import parse_spec
+from fedsync.compression.spec import PipelineConfig, parse_spec
 from fedsync.updates import CompressedTensor, SparseUpdate, TensorSpec
 from fedsync.wire import DEFAULT_LIMITS, FrameLimits, PayloadError, decode_frame, encode_frame
 

@@ -25,10 +25,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from kernels import ordered_sums as _ordered
 from kernels import quantize as _quantize
 from kernels import select as _select
-from kernels.triton import cpu as _twins
-from kernels.triton import ordered as _ordered
 
 __all__ = [
     "KernelBackend",
@@ -107,14 +106,14 @@ class KernelBackend(Protocol):
 
     def moments(self, x: torch.Tensor) -> tuple[float, float]:
         """``(sum x, sum x**2)`` of float32 or float64 ``x`` in float64, in the fixed
-        order of :mod:`kernels.triton.ordered` (same bits on every backend)."""
+        order of :mod:`kernels.ordered_sums` (same bits on every backend)."""
         ...
 
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """QSGD codes and per-chunk norms on the host; Philox uniforms from ``seed``
-        (the arithmetic of :func:`kernels.triton.cpu.qsgd_quantize`)."""
+        (the arithmetic of :func:`kernels.quantize.qsgd_quantize`)."""
         ...
 
     def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
@@ -242,13 +241,13 @@ class TorchBackend:
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        return _twins.qsgd_quantize(_host_copy(values), levels, chunk, seed)
+        return _quantize.qsgd_quantize(_host_copy(values), levels, chunk, seed)
 
     def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
-        return _twins.ternary_quantize(_host_copy(values), seed)
+        return _quantize.ternary_quantize(_host_copy(values), seed)
 
     def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
-        return _twins.sign_quantize(_host_copy(values))
+        return _quantize.sign_quantize(_host_copy(values))
 
 
 # --------------------------------------------------------------------------------------
@@ -284,7 +283,7 @@ class NumbaCpuBackend:
         return bool(np.isfinite(_host(x)).all())
 
     def abs_moments(self, x: torch.Tensor) -> tuple[float, float]:
-        # The fixed order every backend shares (kernels.triton.ordered), not the
+        # The fixed order every backend shares (kernels.ordered_sums), not the
         # thread-count-dependent chunked sum: SIDCo's threshold must not depend on
         # the device or the machine.
         return _ordered.ordered_abs_moments(_host(x))
@@ -311,13 +310,13 @@ class NumbaCpuBackend:
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        return _twins.qsgd_quantize(_host(values), levels, chunk, seed)
+        return _quantize.qsgd_quantize(_host(values), levels, chunk, seed)
 
     def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
-        return _twins.ternary_quantize(_host(values), seed)
+        return _quantize.ternary_quantize(_host(values), seed)
 
     def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
-        return _twins.sign_quantize(_host(values))
+        return _quantize.sign_quantize(_host(values))
 
 
 # --------------------------------------------------------------------------------------

@@ -13,13 +13,7 @@ format, seeds, state export and statistics.
 
 from fedsync.compression import quantizers, sparsifiers
 from fedsync.compression.base import Kept, Quantizer, Sparsifier, target_count
-from fedsync.compression.config import (
-    BuildContext,
-    PipelineConfig,
-    QuantizerConfig,
-    SparsifierConfig,
-    StageConfig,
-)
+from fedsync.compression.config import BuildContext, QuantizerConfig, SparsifierConfig, StageConfig
 from fedsync.compression.error_feedback import (
     ErrorFeedback,
     ErrorFeedbackConfig,
@@ -54,7 +48,7 @@ from fedsync.compression.sparsifiers import (
     TopKConfig,
     mask_digest,
 )
-from fedsync.compression.spec import format_spec, parse_spec
+from fedsync.compression.spec import PipelineConfig, format_spec, parse_spec
 
 __all__ = [
     "REGISTRY",

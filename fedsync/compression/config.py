@@ -1,17 +1,19 @@
-"""Typed configuration: one frozen dataclass per stage, and the pipeline that holds them.
+"""Typed stage configuration: one frozen dataclass per stage, and its canonical text.
 
 Every stage config is a frozen dataclass registered under its spec name (see
 :mod:`fedsync.compression.registry`); its fields are the spec's keys, its
-``__post_init__`` validates them and says why a value is wrong, and ``build`` makes
-the component. A :class:`PipelineConfig` is a sparsifier, a quantizer and optional
-error feedback; ``PipelineConfig.from_spec(s).to_spec()`` is the canonical form of
-``s`` (see :mod:`fedsync.compression.spec` for the grammar).
+``__post_init__`` validates them and says why a value is wrong, ``build`` makes the
+component and ``to_spec`` writes the stage in canonical spec syntax. The pipeline of
+stages, :class:`~fedsync.compression.spec.PipelineConfig`, and the parser live in
+:mod:`fedsync.compression.spec`, above the registry: the imports run one way,
+``config <- registry <- spec``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,17 +25,18 @@ from fedsync.compression.errors import SpecError
 
 if TYPE_CHECKING:
     from fedsync.compression.base import Quantizer, Sparsifier
-    from fedsync.compression.error_feedback import ErrorFeedbackConfig
 
 __all__ = [
+    "STAGE_ORDER",
     "BuildContext",
-    "PipelineConfig",
     "QuantizerConfig",
     "SparsifierConfig",
     "StageConfig",
     "StageKind",
     "check_density",
     "check_range",
+    "format_stage",
+    "stage_fields",
 ]
 
 StageKind = Literal["sparsifier", "quantizer", "feedback"]
@@ -105,8 +108,6 @@ class StageConfig(ABC):
 
     def to_spec(self) -> str:
         """This stage alone in canonical spec syntax (``"uniform:4,chunk=256"``)."""
-        from fedsync.compression.spec import format_stage
-
         return format_stage(self)
 
 
@@ -144,71 +145,42 @@ class QuantizerConfig(StageConfig):
         )
 
 
-@dataclass(frozen=True)
-class PipelineConfig:
-    """A sparsifier, a quantizer and optional error feedback.
+def stage_fields(cls: type[StageConfig]) -> dict[str, Any]:
+    """A stage config's fields (the spec's keys, in order) and their resolved types."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
-    Parameters
-    ----------
-    sparsifier : SparsifierConfig, optional
-        Default: ``none`` (every value, dense).
-    quantizer : QuantizerConfig, optional
-        Default: ``fp32`` (raw float32 bits).
-    feedback : ErrorFeedbackConfig, optional
-        Error feedback around the two; default none.
 
-    Examples
-    --------
-    >>> from fedsync.compression import PipelineConfig
-    >>> PipelineConfig.from_spec("topk:0.01+uniform:8+ef").to_spec()
-    'topk:0.01+uniform:8+ef'
-    """
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
 
-    sparsifier: SparsifierConfig | None = None
-    quantizer: QuantizerConfig | None = None
-    feedback: ErrorFeedbackConfig | None = None
 
-    def __post_init__(self) -> None:
-        from fedsync.compression.registry import REGISTRY
-
-        if self.sparsifier is None:
-            object.__setattr__(self, "sparsifier", REGISTRY.lookup("none", "sparsifier")())
-        if self.quantizer is None:
-            object.__setattr__(self, "quantizer", REGISTRY.lookup("fp32", "quantizer")())
-        for slot, value in (
-            ("sparsifier", self.sparsifier),
-            ("quantizer", self.quantizer),
-            ("feedback", self.feedback),
+def format_stage(config: StageConfig) -> str:
+    """One stage in canonical form: primary value, then non-default keys in order."""
+    parts: list[str] = []
+    primary = type(config).primary
+    types_ = stage_fields(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and float
+            in (
+                types_[f.name],
+                *typing.get_args(types_[f.name]),
+            )
         ):
-            if value is not None and (not isinstance(value, StageConfig) or value.kind != slot):
-                raise SpecError(f"PipelineConfig.{slot} must be a {slot} config, got {value!r}")
-
-    @property
-    def stages(self) -> tuple[StageConfig, ...]:
-        """The configured stages in spec order."""
-        parts: list[StageConfig | None] = [self.sparsifier, self.quantizer, self.feedback]
-        return tuple(p for p in parts if p is not None)
-
-    @classmethod
-    def from_spec(cls, spec: str) -> PipelineConfig:
-        """Parse a spec string (see :mod:`fedsync.compression.spec`)."""
-        from fedsync.compression.spec import parse_spec
-
-        return parse_spec(spec)
-
-    def to_spec(self) -> str:
-        """The canonical spec string of this config."""
-        return "+".join(stage.to_spec() for stage in self.stages)
-
-    def with_density(self, density: float) -> PipelineConfig:
-        """This pipeline with the sparsifier keeping a fraction ``density``."""
-        assert self.sparsifier is not None
-        return dataclasses.replace(self, sparsifier=self.sparsifier.with_density(density))
-
-    def with_bits(self, bits: int) -> PipelineConfig:
-        """This pipeline with ``bits`` bits per quantized value."""
-        assert self.quantizer is not None
-        return dataclasses.replace(self, quantizer=self.quantizer.with_bits(bits))
-
-    def __str__(self) -> str:
-        return self.to_spec()
+            value = float(value)  # a typed config may hold 1 where the spec says 1.0
+        if f.name == primary:
+            if value is not None:
+                parts.insert(0, _format_value(value))
+            continue
+        if value is None or (f.default is not dataclasses.MISSING and value == f.default):
+            continue
+        parts.append(f"{f.name}={_format_value(value)}")
+    return config.name + (":" + ",".join(parts) if parts else "")

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from fedsync.compression.base import Quantizer, Sparsifier
-from fedsync.compression.config import BuildContext, PipelineConfig
+from fedsync.compression.config import BuildContext
 from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFiniteUpdate
 from fedsync.compression.seeding import derive_seed
+from fedsync.compression.spec import PipelineConfig
 from fedsync.updates import CompressedTensor, SparseTensor, SparseUpdate, TensorSpec
 from kernels.dispatch import backend_for
 

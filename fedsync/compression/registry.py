@@ -1,7 +1,7 @@
 """The registry of stage configs, by kind and spec name.
 
 A stage joins the pipeline by decorating its config dataclass with :func:`register`;
-the spec parser, :class:`~fedsync.compression.config.PipelineConfig` and the decoder
+the spec parser, :class:`~fedsync.compression.spec.PipelineConfig` and the decoder
 only ever look names up here, so adding a compressor touches no factory.
 """
 

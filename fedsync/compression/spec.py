@@ -37,23 +37,30 @@ import math
 import re
 import types
 import typing
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from fedsync.compression.config import STAGE_ORDER, PipelineConfig, StageConfig, StageKind
+from fedsync.compression.config import (
+    STAGE_ORDER,
+    QuantizerConfig,
+    SparsifierConfig,
+    StageConfig,
+    StageKind,
+    format_stage,
+    stage_fields,
+)
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import REGISTRY
 
-__all__ = ["format_spec", "format_stage", "parse_spec", "parse_stage"]
+if TYPE_CHECKING:
+    from fedsync.compression.error_feedback import ErrorFeedbackConfig
+
+__all__ = ["PipelineConfig", "format_spec", "format_stage", "parse_spec", "parse_stage"]
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _VALUE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
 _TRUE = {"true", "on", "yes", "1"}
 _FALSE = {"false", "off", "no", "0"}
-
-
-def _field_types(cls: type[StageConfig]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
@@ -84,12 +91,78 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
     raise SpecError(f"{stage}: {key} must be {kind}, got {text!r}")
 
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    """A sparsifier, a quantizer and optional error feedback.
+
+    Parameters
+    ----------
+    sparsifier : SparsifierConfig, optional
+        Default: ``none`` (every value, dense).
+    quantizer : QuantizerConfig, optional
+        Default: ``fp32`` (raw float32 bits).
+    feedback : ErrorFeedbackConfig, optional
+        Error feedback around the two; default none.
+
+    Examples
+    --------
+    >>> from fedsync.compression import PipelineConfig
+    >>> PipelineConfig.from_spec("topk:0.01+uniform:8+ef").to_spec()
+    'topk:0.01+uniform:8+ef'
+    """
+
+    sparsifier: SparsifierConfig | None = None
+    quantizer: QuantizerConfig | None = None
+    feedback: ErrorFeedbackConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.sparsifier is None:
+            object.__setattr__(self, "sparsifier", REGISTRY.lookup("none", "sparsifier")())
+        if self.quantizer is None:
+            object.__setattr__(self, "quantizer", REGISTRY.lookup("fp32", "quantizer")())
+        for slot, value in (
+            ("sparsifier", self.sparsifier),
+            ("quantizer", self.quantizer),
+            ("feedback", self.feedback),
+        ):
+            if value is not None and (not isinstance(value, StageConfig) or value.kind != slot):
+                raise SpecError(f"PipelineConfig.{slot} must be a {slot} config, got {value!r}")
+
+    @property
+    def stages(self) -> tuple[StageConfig, ...]:
+        """The configured stages in spec order."""
+        parts: list[StageConfig | None] = [self.sparsifier, self.quantizer, self.feedback]
+        return tuple(p for p in parts if p is not None)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> PipelineConfig:
+        """Parse a spec string (the grammar is in the module docstring)."""
+        return parse_spec(spec)
+
+    def to_spec(self) -> str:
+        """The canonical spec string of this config."""
+        return "+".join(stage.to_spec() for stage in self.stages)
+
+    def with_density(self, density: float) -> PipelineConfig:
+        """This pipeline with the sparsifier keeping a fraction ``density``."""
+        assert self.sparsifier is not None
+        return dataclasses.replace(self, sparsifier=self.sparsifier.with_density(density))
+
+    def with_bits(self, bits: int) -> PipelineConfig:
+        """This pipeline with ``bits`` bits per quantized value."""
+        assert self.quantizer is not None
+        return dataclasses.replace(self, quantizer=self.quantizer.with_bits(bits))
+
+    def __str__(self) -> str:
+        return self.to_spec()
+
+
 def parse_stage(text: str, kind: StageKind) -> StageConfig:
     """Parse one stage (``"uniform:4,chunk=256"``) of the given kind."""
     head, sep, tail = text.partition(":")
     name = head.strip().lower()
     cls = REGISTRY.lookup(name, kind)
-    types_ = _field_types(cls)
+    types_ = stage_fields(cls)
     values: dict[str, Any] = {}
     if sep:
         args = [a.strip() for a in tail.split(",")]
@@ -163,41 +236,6 @@ def parse_spec(spec: str) -> PipelineConfig:
         quantizer=found.get("quantizer"),  # type: ignore[arg-type]
         feedback=found.get("feedback"),  # type: ignore[arg-type]
     )
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def format_stage(config: StageConfig) -> str:
-    """One stage in canonical form: primary value, then non-default keys in order."""
-    parts: list[str] = []
-    primary = type(config).primary
-    types_ = _field_types(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and float
-            in (
-                types_[f.name],
-                *typing.get_args(types_[f.name]),
-            )
-        ):
-            value = float(value)  # a typed config may hold 1 where the spec says 1.0
-        if f.name == primary:
-            if value is not None:
-                parts.insert(0, _format_value(value))
-            continue
-        if value is None or (f.default is not dataclasses.MISSING and value == f.default):
-            continue
-        parts.append(f"{f.name}={_format_value(value)}")
-    return config.name + (":" + ",".join(parts) if parts else "")
 
 
 def format_spec(config: PipelineConfig) -> str:

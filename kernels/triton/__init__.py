@@ -10,12 +10,11 @@ CPU tensors::
     from kernels import triton as tk
     tk.install()                 # no-op (returns False) without Triton or CUDA
 
-Pieces that need no Triton and are importable everywhere:
-
-* :mod:`.philox` -- the counter-based generator of ``tl.randint``, on the CPU;
-* :mod:`.ordered` -- float64 sums in one fixed order (CPU), whose device twin is
-  :mod:`.reduce`;
-* :mod:`.cpu` -- the CPU twins of the stochastic and sign quantizers.
+The CPU twins these kernels are checked against live in :mod:`kernels` (this package
+imports them, never the reverse): :mod:`kernels.philox` (the counter-based generator
+of ``tl.randint``), :mod:`kernels.ordered_sums` (float64 sums in one fixed order,
+whose device twin is :mod:`.reduce`) and the stochastic and sign quantizers of
+:mod:`kernels.quantize`.
 
 Kernel modules (:mod:`.select`, :mod:`.quantize`, :mod:`.reduce`, :mod:`.pack`,
 :mod:`.scatter`, :mod:`.backend`) import Triton and are imported on demand. Under

@@ -8,7 +8,7 @@ bits); the unit tests run both on the same data, the Triton side under
 
 Beyond the protocol it offers the device halves of the stochastic and sign
 quantizers (:meth:`qsgd_quantize`, :meth:`ternary_quantize`, :meth:`sign_quantize`,
-whose CPU twins are in :mod:`kernels.triton.cpu`), device-resident variants
+whose CPU twins are in :mod:`kernels.quantize`), device-resident variants
 (``*_device``) that leave results on the GPU for the packers of
 :mod:`kernels.triton.pack`, and the fused decode + scatter-add of
 :mod:`kernels.triton.scatter`.
@@ -103,7 +103,8 @@ class TritonBackend:
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """QSGD codes (uint8/uint16) and norms on the host; see :mod:`.cpu`."""
+        """QSGD codes (uint8/uint16) and norms on the host (as
+        :func:`kernels.quantize.qsgd_quantize`)."""
         codes, norms = _quantize.qsgd_quantize(values, levels, chunk, seed)
         host = _numpy(codes)
         return (host.view(np.uint16) if host.dtype == np.int16 else host), _numpy(norms)

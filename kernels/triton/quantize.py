@@ -8,7 +8,7 @@
   chunk's min is ``-0.0`` or ``+0.0``.
 * QSGD and ternary: one element per thread; the uniform comes from ``tl.randint``
   (Philox4x32-10) keyed by the seed and counted by the element's position, which
-  :mod:`.philox` reproduces on the CPU.
+  :mod:`kernels.philox` reproduces on the CPU.
 * sign: a comparison, plus the fixed-order sum of :mod:`.reduce`.
 
 Divisions use ``tl.math.div_rn`` (Triton's ``/`` on float32 is an approximation on
@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.philox import split_seed
 from kernels.triton import reduce as _reduce
 from kernels.triton._runtime import launch_options
-from kernels.triton.philox import split_seed
 
 __all__ = [
     "qsgd_dequantize",

@@ -1,9 +1,9 @@
-"""Fixed-order float64 sums on the device: the Triton twins of :mod:`.ordered`.
+"""Fixed-order float64 sums on the device: the Triton twins of :mod:`kernels.ordered_sums`.
 
-Each kernel runs the order :mod:`kernels.triton.ordered` writes down, so the CPU and
+Each kernel runs the order :mod:`kernels.ordered_sums` writes down, so the CPU and
 the GPU produce the same float64 partials bit for bit (see that module for why
 this matters and what the order is). The last step, :func:`math.fsum` of at most
-:data:`~kernels.triton.ordered.LANES2` partials, runs on the host for both.
+:data:`~kernels.ordered_sums.LANES2` partials, runs on the host for both.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.ordered_sums import LANES, LANES2, finish_second
 from kernels.triton._runtime import launch_options
-from kernels.triton.ordered import LANES, LANES2, finish_second
 
 __all__ = ["abs_moments", "abs_sum", "chunk_norms", "chunk_sumsq", "moments"]
 
@@ -101,7 +101,7 @@ def _second(partials: torch.Tensor, lanes2: int) -> float:
 
 def abs_moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tuple[float, float]:
     """``(sum |x|, sum x**2)`` of a 1-d contiguous float32 device tensor, in the
-    order of :func:`kernels.triton.ordered.ordered_abs_moments` (same bits)."""
+    order of :func:`kernels.ordered_sums.ordered_abs_moments` (same bits)."""
     n = x.numel()
     if n == 0:
         return 0.0, 0.0
@@ -117,7 +117,7 @@ def abs_moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tu
 
 def moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tuple[float, float]:
     """``(sum x, sum x**2)`` of a 1-d contiguous float32 or float64 device tensor, as
-    :func:`kernels.triton.ordered.ordered_moments` (same bits)."""
+    :func:`kernels.ordered_sums.ordered_moments` (same bits)."""
     n = x.numel()
     if n == 0:
         return 0.0, 0.0
@@ -144,7 +144,8 @@ def abs_sum(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> float:
 
 
 def chunk_sumsq(values: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Per-chunk ``sum v*v`` (float64, on the device), as :func:`.ordered.chunk_sumsq`."""
+    """Per-chunk ``sum v*v`` (float64, on the device), as
+    :func:`kernels.ordered_sums.chunk_sumsq`."""
     n = values.numel()
     nchunks = triton.cdiv(n, chunk)
     out = torch.empty(nchunks, dtype=torch.float64, device=values.device)
@@ -155,7 +156,7 @@ def chunk_sumsq(values: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def chunk_norms(values: torch.Tensor, chunk: int) -> torch.Tensor:
-    """QSGD's per-chunk norms (float32, on the device), as :func:`.ordered.chunk_norms`.
+    """QSGD's per-chunk norms (float32, on the device), as :func:`kernels.ordered_sums.chunk_norms`.
 
     The square root and the rounding to float32 are torch ops: both are correctly
     rounded on every device, like numpy's on the CPU.

@@ -29,10 +29,10 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
     """Run every comparison on ``device``; return the names of those that differ."""
     from kernels import bitpack
     from kernels import index_coding as cpu_index
+    from kernels import ordered_sums as ordered
     from kernels import quantize as cpu_q
     from kernels import select as cpu_s
-    from kernels.triton import cpu as twins
-    from kernels.triton import ordered, pack, quantize, reduce, scatter, select
+    from kernels.triton import pack, quantize, reduce, scatter, select
 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32)
@@ -99,7 +99,7 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
 
         def qsgd(levels: int = levels) -> bool:
             codes, norms = quantize.qsgd_quantize(kd, levels, 512, 123456789)
-            ref_codes, ref_norms = twins.qsgd_quantize(kept, levels, 512, 123456789)
+            ref_codes, ref_norms = cpu_q.qsgd_quantize(kept, levels, 512, 123456789)
             got = host(codes)
             got = got.view(np.uint16) if got.dtype == np.int16 else got
             return _same(got, ref_codes) and _same(host(norms), ref_norms)
@@ -110,7 +110,7 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
         lambda: all(
             _same(np.asarray(host(a) if isinstance(a, torch.Tensor) else a), np.asarray(b))
             for a, b in zip(
-                quantize.ternary_quantize(kd, 5), twins.ternary_quantize(kept, 5), strict=True
+                quantize.ternary_quantize(kd, 5), cpu_q.ternary_quantize(kept, 5), strict=True
             )
         ),
     )
@@ -118,7 +118,7 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
         "sign",
         lambda: all(
             _same(np.asarray(host(a) if isinstance(a, torch.Tensor) else a), np.asarray(b))
-            for a, b in zip(quantize.sign_quantize(kd), twins.sign_quantize(kept), strict=True)
+            for a, b in zip(quantize.sign_quantize(kd), cpu_q.sign_quantize(kept), strict=True)
         ),
     )
     codes = rng.integers(0, 1 << 13, 100_001).astype(np.uint16)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from simulations.compare import ComparisonRunner, build_comparison, write_reports
+from simulations.compare import ComparisonRunner
+from simulations.report import write_reports
+from simulations.results import build_comparison
 from simulations.scenario import load_scenario
 from tests.integration.conftest import live_group_members
 

@@ -1,9 +1,10 @@
 """A node that left and came back under the same node id gets work again.
 
-With SuperNode authentication a restarted node keeps its id (FLOWER.md), so the
-loop's wall-clock refresh cannot tell it by a new id: it takes back a device it gave
-up for being *gone* (node-unavailable, failed pushes) once the device is online again.
-A device given up for bad replies while online stays out.
+With SuperNode authentication a restarted node keeps its id (the node id is fixed when
+its public key is registered on the SuperLink), so the loop's wall-clock refresh
+cannot tell it by a new id: it takes back a device it gave up for being *gone*
+(node-unavailable, failed pushes) once the device is online again. A device given up
+for bad replies while online stays out.
 """
 
 from __future__ import annotations

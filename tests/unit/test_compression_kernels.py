@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kernels import dispatch
 from kernels.dispatch import NumbaCpuBackend, TorchBackend, backend_for, register_backend
-from kernels.quantize import uniform_dequantize, uniform_quantize
+from kernels.quantize import qsgd_quantize, uniform_dequantize, uniform_quantize
 from kernels.select import (
     TILE,
     abs_moments,
@@ -225,15 +225,49 @@ def test_kernels_reject_wrong_arrays() -> None:
 def test_one_thread_takes_the_serial_path_with_the_same_result() -> None:
     import numba
 
-    x = make_data(5, 1_000_000, "heavy")
+    from kernels import quantize
+
+    # Long enough for the parallel path of both kernels (the quantizer's threshold is
+    # the larger one), so the two calls below really take different paths.
+    x = make_data(5, quantize._SERIAL_BELOW + 12_345, "heavy")
     parallel = threshold_select(x, 3.0)
+    parallel_q = uniform_quantize(x, 8, 1024)
     before = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
         serial = threshold_select(x, 3.0)
-        codes = uniform_quantize(x, 8, 1024)
+        serial_q = uniform_quantize(x, 8, 1024)
     finally:
         numba.set_num_threads(before)
+    assert serial.count == parallel.count
     assert serial.indices is not None and parallel.indices is not None
     np.testing.assert_array_equal(serial.indices, parallel.indices)
-    np.testing.assert_array_equal(codes[0], uniform_quantize(x, 8, 1024)[0])
+    for one, many in zip(serial_q, parallel_q, strict=True):
+        np.testing.assert_array_equal(one, many)
+
+
+def test_qsgd_is_unbiased_and_seeded() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1.0, 1.0, 50_000).astype(np.float32)
+    codes, norms = qsgd_quantize(x, 4, 64, 5)
+    level = (codes >> 1).astype(np.float64)
+    sign = 1.0 - 2.0 * (codes & 1)
+    err = level * np.repeat(norms.astype(np.float64), 64)[: x.size] / 4 * sign - x
+    assert abs(err.mean()) < 4 * err.std() / np.sqrt(x.size)  # E[decoded] = x
+    np.testing.assert_array_equal(codes, qsgd_quantize(x, 4, 64, 5)[0])
+    assert not np.array_equal(codes, qsgd_quantize(x, 4, 64, 6)[0])
+
+
+def test_qsgd_parallel_path_gives_the_serial_codes() -> None:
+    from kernels import quantize
+    from kernels.ordered_sums import chunk_norms
+    from kernels.philox import philox_uniform
+
+    n = quantize._STOCHASTIC_SERIAL_BELOW + 999  # qsgd_quantize takes the parallel loop
+    x = make_data(9, n, "heavy")
+    codes, norms = qsgd_quantize(x, 300, 512, 42)
+    assert codes.dtype == np.uint16
+    np.testing.assert_array_equal(norms, chunk_norms(x, 512))
+    serial = np.empty(n, dtype=np.uint16)
+    quantize._qsgd_serial(x, norms, 512, np.float32(300), philox_uniform(42, n), serial)
+    np.testing.assert_array_equal(codes, serial)

@@ -41,8 +41,29 @@ assert kt.install() is False and not kt.runs_on(torch.zeros(1))
 acc = torch.zeros(5)
 kt.scatter_add_(acc, torch.tensor([1, 3]), torch.tensor([2.0, 4.0]), 0.5)
 assert acc.tolist() == [0.0, 1.0, 0.0, 2.0, 0.0]
-from kernels.triton import cpu, ordered, philox  # the CPU twins need no triton
+from kernels import dispatch, ordered_sums, philox, quantize  # the CPU twins need no triton
 from fedsync.aggregation.buffer import UpdateBuffer
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_cpu_kernels_and_codecs_do_not_import_the_triton_package() -> None:
+    # The layering: kernels.triton imports the CPU twins from kernels, never the
+    # reverse; a CPU encode runs without kernels.triton being loaded at all.
+    code = """
+import sys
+import torch
+from fedsync.compression import build_pipeline, parse_spec
+from kernels import dispatch, ordered_sums, philox, quantize
+for spec in ("sidco:0.01+qsgd:4", "topk:0.05+ternary", "randomk:0.1+sign"):
+    build_pipeline(parse_spec(spec)).compress_update({"w": torch.randn(4096)}, seed=3)
+loaded = sorted(m for m in sys.modules if m.startswith("kernels.triton"))
+assert not loaded, loaded
 print("ok")
 """
     out = subprocess.run(

@@ -12,9 +12,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import quantize as cpu_uniform
+from kernels import quantize as cpu_q
 from kernels.triton import _runtime
-from kernels.triton import cpu as twins
 
 pytestmark = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
@@ -45,13 +44,11 @@ def bits_of(a: np.ndarray) -> np.ndarray:
 def test_uniform_matches_cpu(n: int, bits: int, chunk: int) -> None:
     x = values(n + bits, n)
     codes, mins, scales = dev.uniform_quantize(torch.from_numpy(x), bits, chunk)
-    ref = cpu_uniform.uniform_quantize(x, bits, chunk)
+    ref = cpu_q.uniform_quantize(x, bits, chunk)
     for got, want in zip((codes, mins, scales), ref, strict=True):
         np.testing.assert_array_equal(bits_of(got.numpy()), bits_of(want))
     back = dev.uniform_dequantize(codes, mins, scales, chunk).numpy()
-    np.testing.assert_array_equal(
-        bits_of(back), bits_of(cpu_uniform.uniform_dequantize(*ref, chunk))
-    )
+    np.testing.assert_array_equal(bits_of(back), bits_of(cpu_q.uniform_dequantize(*ref, chunk)))
 
 
 def test_uniform_signed_zero_min_is_the_first_occurrence() -> None:
@@ -59,7 +56,7 @@ def test_uniform_signed_zero_min_is_the_first_occurrence() -> None:
     for _ in range(20):
         x = rng.choice(np.array([0.0, -0.0, 1.0], dtype=np.float32), 2_000)
         _, mins, _ = dev.uniform_quantize(torch.from_numpy(x), 4, 512)
-        _, ref, _ = cpu_uniform.uniform_quantize(x, 4, 512)
+        _, ref, _ = cpu_q.uniform_quantize(x, 4, 512)
         np.testing.assert_array_equal(bits_of(mins.numpy()), bits_of(ref))
 
 
@@ -69,7 +66,7 @@ def test_qsgd_matches_cpu_twin(levels: int, n: int, chunk: int) -> None:
     x = values(levels * n, n)
     seed = 987_654_321_987
     codes, norms = dev.qsgd_quantize(torch.from_numpy(x), levels, chunk, seed)
-    ref_codes, ref_norms = twins.qsgd_quantize(x, levels, chunk, seed)
+    ref_codes, ref_norms = cpu_q.qsgd_quantize(x, levels, chunk, seed)
     got = codes.numpy().view(np.uint16) if codes.dtype == torch.int16 else codes.numpy()
     assert got.dtype == ref_codes.dtype
     np.testing.assert_array_equal(got, ref_codes)
@@ -82,26 +79,15 @@ def test_qsgd_matches_cpu_twin(levels: int, n: int, chunk: int) -> None:
     assert torch.equal(back, want)
 
 
-def test_qsgd_is_unbiased_and_seeded() -> None:
-    rng = np.random.default_rng(1)
-    x = rng.uniform(-1.0, 1.0, 50_000).astype(np.float32)
-    codes, norms = twins.qsgd_quantize(x, 4, 64, 5)
-    level = (codes >> 1).astype(np.float64)
-    sign = 1.0 - 2.0 * (codes & 1)
-    err = level * np.repeat(norms.astype(np.float64), 64)[: x.size] / 4 * sign - x
-    assert abs(err.mean()) < 4 * err.std() / np.sqrt(x.size)  # E[decoded] = x
-    assert not np.array_equal(codes, twins.qsgd_quantize(x, 4, 64, 6)[0])
-
-
 @pytest.mark.parametrize("n", [1, 4_000])
 def test_ternary_and_sign_match_cpu_twins(n: int) -> None:
     x = values(n, n)
     codes, scale = dev.ternary_quantize(torch.from_numpy(x), 77)
-    ref_codes, ref_scale = twins.ternary_quantize(x, 77)
+    ref_codes, ref_scale = cpu_q.ternary_quantize(x, 77)
     np.testing.assert_array_equal(codes.numpy(), ref_codes)
     assert bits_of(np.array([scale])).tobytes() == bits_of(np.array([ref_scale])).tobytes()
     codes, scale = dev.sign_quantize(torch.from_numpy(x))
-    ref_codes, ref_scale = twins.sign_quantize(x)
+    ref_codes, ref_scale = cpu_q.sign_quantize(x)
     np.testing.assert_array_equal(codes.numpy(), ref_codes)
     assert scale == ref_scale
 

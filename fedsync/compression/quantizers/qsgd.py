@@ -8,9 +8,9 @@ probability of rounding up being the fractional part) and its sign; it comes bac
 Code layout: ``code = 2 * l + (v < 0)``; ``bits = 1 + bit_length(s)``. The norms travel
 as the float32 param ``"norm"``, one per chunk. The uniforms come from Philox, a
 counter-based generator (value ``i`` draws from ``(seed, i)``, as ``tl.randint`` does
-on a GPU; :mod:`kernels.triton.philox`), and each norm is summed in index order, so
+on a GPU; :mod:`kernels.philox`), and each norm is summed in index order, so
 a CPU and a GPU run of the same spec and seed give the same codes
-(:mod:`kernels.triton.cpu` states the arithmetic).
+(:mod:`kernels.quantize` states the arithmetic).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class Ternary(Quantizer):
         return 2
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        # Philox uniforms (kernels.triton.philox): the same codes on every device.
+        # Philox uniforms (kernels.philox): the same codes on every device.
         codes, scale = backend_for(values).ternary_quantize(
             values.detach(), derive_seed(seed, "ternary")
         )

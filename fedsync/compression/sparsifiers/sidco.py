@@ -182,7 +182,7 @@ class SIDCo(Sparsifier):
                 m = excess.numel()
                 if m < 2:
                     break
-                # Fixed-order sums (kernels.triton.ordered): the same fit on every device.
+                # Fixed-order sums (kernels.ordered_sums): the same fit on every device.
                 s1, s2 = backend.moments(excess)
                 mean = s1 / m
                 step = fit_threshold(

@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from fedsync.clock import FleetSpec
-from fedsync.deploy.fidelity import DEFAULT_SCENARIO, Calibration, FidelitySetup
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
+from simulations.fidelity import DEFAULT_SCENARIO, main
+from simulations.fidelity_setup import Calibration, FidelitySetup
+from simulations.scenario import (
+    ScenarioError,
+    app_run_config_defaults,
+    load_scenario,
+    parse_scenario,
+)
 
 
 def _task(index: int, examples: int, compute: float, round_trip: float) -> TaskTiming:
@@ -31,12 +38,70 @@ def _task(index: int, examples: int, compute: float, round_trip: float) -> TaskT
 
 
 def test_the_shipped_scenario_matches_its_fleet() -> None:
-    setup = FidelitySetup.from_scenario(DEFAULT_SCENARIO)
+    setup = FidelitySetup.from_scenario(load_scenario(DEFAULT_SCENARIO))
     assert setup.name == "links-fidelity"
-    assert setup.run_config["strategy"] == "teasq"
-    assert [s.uplink_mbit for s in setup.shapes] == [1.0, 5.0, 20.0]
+    # The teasq table merged over the shared run config, as the scenario file has it.
+    assert setup.run_config == {
+        "dataset": "digits",
+        "partitioning": "dirichlet",
+        "dirichlet-alpha": 0.5,
+        "fleet": "links-fidelity",
+        "seed": 0,
+        "plots": False,
+        "local-epochs": 2,
+        "strategy": "teasq",
+        "concurrency": 3,
+        "buffer-size": 2,
+        "max-aggregations": 8,
+        "eval-every": 1,
+    }
+    assert setup.federation == {"num-supernodes": 3, "client-resources-num-cpus": 1}
     assert setup.shapes == [LinkShape.symmetric(r) for r in (1.0, 5.0, 20.0)]
-    assert 0.0 < setup.target <= 1.0
+    assert (setup.target, setup.timeout, setup.epochs) == (0.7, 600.0, 2)
+
+
+def _scenario(**changes: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "name": "tiny-links",
+        "run-config": {"dataset": "digits", "fleet": "links-fidelity"},
+        "federation": {"num-supernodes": 3},
+        "target": {"accuracy": 0.6},
+        "strategies": {"teasq": {"strategy": "teasq"}},
+        "baseline": "teasq",
+    }
+    data.update(changes)
+    return data
+
+
+def test_setup_defaults_come_from_the_scenario_and_the_app() -> None:
+    setup = FidelitySetup.from_scenario(parse_scenario(_scenario()))
+    assert setup.epochs == app_run_config_defaults()["local-epochs"]
+    assert setup.timeout == 900.0 and setup.target == 0.6
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"target": {"fraction-of-best": 0.9}}, "absolute"),
+        ({"federation": {"num-supernodes": 2}}, "2 supernodes but fleet links-fidelity has 3"),
+        (
+            {"strategies": {"fedasync": {"strategy": "fedasync"}}, "baseline": "fedasync"},
+            "no strategy 'teasq'",
+        ),
+    ],
+)
+def test_setup_rejects_what_the_experiment_cannot_run(
+    changes: dict[str, object], message: str
+) -> None:
+    scenario = parse_scenario(_scenario(**changes))
+    with pytest.raises(ScenarioError, match=message):
+        FidelitySetup.from_scenario(scenario)
+
+
+def test_command_line_names_a_bad_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    # Bad input ends with a message and status 2 before anything is built or started.
+    assert main(["--scenario", "no-such-scenario"]) == 2
+    assert "scenario 'no-such-scenario' not found" in capsys.readouterr().err
 
 
 def test_compute_fit_and_overhead() -> None:

@@ -1,8 +1,9 @@
 """Simulated vs deployed: does the virtual clock predict a run over real, shaped links?
 
-``python -m fedsync.deploy.fidelity`` (root: it builds network namespaces) runs the
-scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``: three devices
-whose links, from the fleet ``links-fidelity``, are 1, 5 and 20 Mbit/s) five times:
+``python -m simulations.fidelity`` (root: it builds network namespaces) runs the
+scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``, read by
+:func:`simulations.scenario.load_scenario`: three devices whose links, from the fleet
+``links-fidelity``, are 1, 5 and 20 Mbit/s) five times:
 
 1. **calibration** -- deployed (TLS, node auth, one namespace per SuperNode) on
    *unshaped* links: the measured ClientApp compute seconds give the compute speed,
@@ -32,216 +33,24 @@ import platform
 import statistics
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsync.clock import FleetSpec, load_fleet
 from fedsync.deploy.links import LinkRun, run_over_links
 from fedsync.deploy.local import LocalSuperLink
-from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
-from fedsync.deploy.timing import TaskTiming
+from fedsync.deploy.netns import netns_unavailable_reason
 from fedsync.reports import read_events
+from simulations.fidelity_setup import Calibration, FidelitySetup
+from simulations.results import evaluation_entries
+from simulations.scenario import PROJECT_ROOT, ScenarioError, load_scenario
 
-__all__ = ["Calibration", "FidelitySetup", "main", "run_fidelity"]
+__all__ = ["DEFAULT_OUT", "DEFAULT_SCENARIO", "main", "run_fidelity"]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SCENARIO = PROJECT_ROOT / "simulations" / "scenarios" / "links-fidelity.toml"
+DEFAULT_SCENARIO = "links-fidelity"
+"""The scenario run by default (a name in ``simulations/scenarios``, or a path)."""
+
 DEFAULT_OUT = PROJECT_ROOT / "simulations" / "results" / "links-fidelity"
-_MBIT = 1e6
-
-
-@dataclass(frozen=True)
-class FidelitySetup:
-    """The experiment, read from a scenario file (its ``teasq`` strategy).
-
-    Attributes
-    ----------
-    name : str
-        Scenario name.
-    run_config : dict
-        Shared run config with the ``teasq`` strategy's keys merged in.
-    federation : dict
-        The simulation's ``--federation-config``.
-    target : float
-        Target accuracy.
-    timeout : float
-        Seconds per run.
-    fleet : FleetSpec
-        The fleet named by the run config: one device (and link) per node.
-    """
-
-    name: str
-    run_config: dict[str, Any]
-    federation: dict[str, Any]
-    target: float
-    timeout: float
-    fleet: FleetSpec
-
-    @classmethod
-    def from_scenario(cls, path: Path, strategy: str = "teasq") -> FidelitySetup:
-        """Read ``[run-config]``, ``[strategies.<strategy>]``, ``[federation]`` and
-        ``[target] accuracy`` of a scenario file.
-
-        Raises
-        ------
-        ValueError
-            When a table or the absolute target is missing, or the fleet has not one
-            device per node.
-        """
-        with path.open("rb") as file:
-            data = tomllib.load(file)
-        try:
-            run_config = {**data["run-config"], **data["strategies"][strategy]}
-            target = float(data["target"]["accuracy"])
-        except KeyError as err:
-            raise ValueError(f"{path}: needs [run-config], [strategies.{strategy}] and "
-                             f"[target] accuracy ({err} missing)") from err  # fmt: skip
-        federation = dict(data.get("federation", {}))
-        fleet = load_fleet(str(run_config.get("fleet", "")))
-        nodes = int(federation.get("num-supernodes", len(fleet)))
-        if nodes != len(fleet):
-            raise ValueError(f"{path}: {nodes} supernodes but fleet {fleet.name} has {len(fleet)}")
-        return cls(
-            name=str(data.get("name", path.stem)),
-            run_config=run_config,
-            federation=federation,
-            target=target,
-            timeout=float(data.get("timeout", 900.0)),
-            fleet=fleet,
-        )
-
-    @property
-    def shapes(self) -> list[LinkShape]:
-        """The fleet's link rates, device by device (partition ``i`` -> link ``i``)."""
-        return [
-            LinkShape(uplink_mbit=p.uplink_bps / _MBIT, downlink_mbit=p.downlink_bps / _MBIT)
-            for p in self.fleet.profiles
-        ]
-
-    @property
-    def epochs(self) -> int:
-        """Local epochs per task (samples processed = examples x epochs)."""
-        return int(self.run_config.get("local-epochs", 1))
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Compute speed and per-task overhead measured on unshaped links.
-
-    ``compute_s = cold_start_s + seconds_per_sample * samples`` is fitted by least
-    squares over the tasks; ``overhead_s`` is the mean of ``round trip - compute``
-    (links unshaped: transfers take milliseconds).
-
-    Attributes
-    ----------
-    seconds_per_sample_flat : float
-        ``sum(compute) / sum(samples)``: the whole measured compute as a speed (the
-        "naive" fleet).
-    seconds_per_sample : float
-        The fit's slope.
-    cold_start_s : float
-        The fit's intercept: a fresh process's first training step (torch warm-up).
-    overhead_s : float
-        Mean per-task time outside training: polling, process start, imports, data.
-    tasks : int
-        Tasks measured.
-    """
-
-    seconds_per_sample_flat: float
-    seconds_per_sample: float
-    cold_start_s: float
-    overhead_s: float
-    tasks: int
-
-    @classmethod
-    def from_timings(
-        cls,
-        timings: Sequence[TaskTiming],
-        epochs: int,
-        shapes: Sequence[LinkShape | None] = (),
-    ) -> Calibration:
-        """Fit from measured tasks.
-
-        Parameters
-        ----------
-        timings : sequence of TaskTiming
-            Completed tasks of a deployed run.
-        epochs : int
-            Local epochs per task (samples = examples x epochs, as the virtual clock has it).
-        shapes : sequence of LinkShape or None
-            The links of the run, by node index: their transfer times as the simulator
-            models them (``bytes * 8 / rate``) are taken out of the overhead, since the
-            simulator adds them itself. Missing or ``None``: unshaped (no transfer time).
-
-        Raises
-        ------
-        ValueError
-            When there is no task with a positive number of examples.
-        """
-
-        def modelled_transfer(t: TaskTiming) -> float:
-            shape = shapes[t.node_index] if t.node_index < len(shapes) else None
-            if shape is None:
-                return 0.0
-            return (t.bytes_down / shape.downlink_mbit + t.bytes_up / shape.uplink_mbit) * 8 / _MBIT
-
-        rows = [
-            (t.examples * epochs, t.compute_s, t.round_trip_s - modelled_transfer(t))
-            for t in timings
-            if t.examples
-        ]
-        if not rows:
-            raise ValueError("no measured task reports its examples: nothing to calibrate")
-        samples = [float(r[0]) for r in rows]
-        compute = [r[1] for r in rows]
-        flat = sum(compute) / sum(samples)
-        slope, intercept = flat, 0.0
-        if len(set(samples)) > 1:
-            fit = statistics.linear_regression(samples, compute)
-            slope, intercept = fit.slope, fit.intercept
-        if slope < 0.0 or intercept < 0.0:
-            # Noise can tilt a fit on few points; fall back to a pure per-sample speed.
-            slope, intercept = flat, 0.0
-        overhead = statistics.fmean(r[2] - r[1] for r in rows)
-        return cls(flat, slope, intercept, max(overhead, 0.0), len(rows))
-
-    def fleet_toml(
-        self, name: str, shapes: Sequence[LinkShape], *, overhead: bool, source: str
-    ) -> str:
-        """A fleet file: the shapes' rates with this compute speed (and overhead)."""
-        per_sample = self.seconds_per_sample if overhead else self.seconds_per_sample_flat
-        latency_ms = (self.cold_start_s + self.overhead_s) * 1e3 if overhead else 0.0
-        kind = "links + compute + measured per-task overhead" if overhead else "links + compute"
-        lines = [
-            f"# Written by python -m fedsync.deploy.fidelity, calibrated on {source}.",
-            f'name = "{name}"',
-            f'description = "{kind}"',
-        ]
-        for index, shape in enumerate(shapes):
-            lines += [
-                "",
-                "[[group]]",
-                f'name = "link-{index}"',
-                "count = 1",
-                f"seconds-per-sample = {per_sample:.6g}",
-                f"uplink-mbit = {shape.uplink_mbit:g}",
-                f"downlink-mbit = {shape.downlink_mbit:g}",
-                f"latency-ms = {latency_ms:.1f}",
-            ]
-        return "\n".join(lines) + "\n"
-
-    def as_dict(self) -> dict[str, Any]:
-        """For the report."""
-        return {
-            "tasks": self.tasks,
-            "seconds_per_sample_flat": round(self.seconds_per_sample_flat, 6),
-            "seconds_per_sample_fit": round(self.seconds_per_sample, 6),
-            "compute_cold_start_s": round(self.cold_start_s, 3),
-            "overhead_s": round(self.overhead_s, 3),
-        }
 
 
 def run_fidelity(
@@ -392,7 +201,7 @@ def _run_numbers(results: Path, *, clock: str) -> dict[str, Any]:
         },
         "accuracy_by_version": [
             [e["version"], round(float(e["accuracy"]), 4), e["sim_time"]]
-            for e in summary.get("evaluations", [])
+            for e in evaluation_entries(summary)
         ],
     }
 
@@ -504,18 +313,22 @@ def _require_completed(label: str, run: LinkRun) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m fedsync.deploy.fidelity", description=__doc__)
-    parser.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
+    parser = argparse.ArgumentParser(prog="python -m simulations.fidelity", description=__doc__)
+    parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario name or .toml path")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--workdir", type=Path, default=None, help="run folders (default runs/fidelity-<time>)"
     )
     args = parser.parse_args(argv)
+    try:
+        setup = FidelitySetup.from_scenario(load_scenario(args.scenario))
+    except ScenarioError as err:
+        print(f"fidelity: {err}", file=sys.stderr)
+        return 2
     reason = netns_unavailable_reason()
     if reason:
         print(f"cannot build shaped links here: {reason}", file=sys.stderr)
         return 2
-    setup = FidelitySetup.from_scenario(args.scenario)
     workdir = args.workdir or Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S")
     report = run_fidelity(setup, args.out, workdir=workdir.resolve())
     print(json.dumps({k: report[k] for k in ("measured", "simulated")}, indent=2))

@@ -1,0 +1,249 @@
+"""The comparison's files: ``comparison.json``, ``comparison.md`` and the plots.
+
+:func:`write_reports` writes them from a :class:`~simulations.results.Comparison`:
+the JSON document (:meth:`~simulations.results.Comparison.as_dict`), a markdown table
+with one row per strategy (and the staleness of the asynchronous runs' updates),
+accuracy against simulated time and against cumulative uplink bytes
+(``comparison.png``), and the binned staleness histogram (``staleness.png``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: CI, SSH
+import matplotlib.pyplot as plt
+
+from simulations.results import STALENESS_BINS, Comparison, staleness_bins
+
+__all__ = [
+    "fmt",
+    "mb",
+    "plot_comparison",
+    "plot_staleness",
+    "write_markdown",
+    "write_reports",
+]
+
+
+def write_markdown(comparison: Comparison, path: Path) -> Path:
+    """``comparison.md``: the target and one table row per strategy."""
+    scenario = comparison.scenario
+    target = comparison.target
+    lines = [
+        f"# {scenario.name}",
+        "",
+        scenario.description,
+        "",
+        f"Target: {scenario.target.describe()} = **{fmt(target, '.4f')}**. "
+        f"Ratios are strategy / `{scenario.baseline}` (below 1: less than the baseline). "
+        "Time is simulated seconds on the fleet's virtual clock; bytes are real payloads.",
+        "",
+    ]
+    if scenario.baseline not in {row["label"] for row in comparison.rows}:
+        lines += [f"The baseline `{scenario.baseline}` was not run: no ratios.", ""]
+    if scenario.scale != 1.0:
+        lines += [
+            f"Run lengths scaled by {scenario.scale:g} from the scenario file (`--scale`).",
+            "",
+        ]
+    lines += [
+        "| strategy | status | final acc | best acc | sim s to target | MB up to target "
+        "| MB down to target | time ratio | uplink ratio | rounds / aggregations "
+        "| sim s total | MB up total | wall s | elapsed s | mean staleness | drops | errors |",
+        "|" + " --- |" * 17,
+    ]
+    for row in comparison.rows:
+        hit = row["target"]
+        ratios = row["ratios_vs_baseline"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{row['label']} ({row['strategy']})"
+                    if row["label"] != row["strategy"]
+                    else row["label"],
+                    "ok" if row["completed"] else row["status"],
+                    fmt(row["final_accuracy"], ".4f"),
+                    fmt(row["best_accuracy"], ".4f"),
+                    fmt(hit["sim_time"], ".1f") if hit["reached"] else "not reached",
+                    mb(hit["bytes_up"]) if hit["reached"] else "-",
+                    mb(hit["bytes_down"]) if hit["reached"] else "-",
+                    fmt(ratios["time_to_target"], ".3f"),
+                    fmt(ratios["uplink_bytes_to_target"], ".4f"),
+                    fmt(row["aggregations"], "d"),
+                    fmt(row["sim_time"], ".1f"),
+                    mb(row["total_bytes_up"]),
+                    fmt(row["wall_seconds"], ".1f"),
+                    fmt(row["elapsed_seconds"], ".1f"),
+                    fmt(row["mean_staleness"], ".2f"),
+                    _counts(row["drops"]),
+                    _counts(row["errors"]),
+                ]
+            )
+            + " |"
+        )
+    lines += _staleness_table(comparison)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _bin_name(lo: int, hi: int | None) -> str:
+    return f"{lo}" if hi == lo else f">= {lo}" if hi is None else f"{lo}-{hi}"
+
+
+def _staleness_table(comparison: Comparison) -> list[str]:
+    """Markdown lines: the staleness of the updates each asynchronous run received."""
+    rows = [row for row in comparison.rows if row["staleness_histogram"]]
+    if not rows:
+        return []
+    names = [_bin_name(lo, hi) for lo, hi in STALENESS_BINS]
+    lines = [
+        "",
+        "Staleness (model versions between an update's base and its arrival) of every "
+        "update the asynchronous runs received, share in each bin:",
+        "",
+        "| strategy | updates | mean | " + " | ".join(names) + " |",
+        "|" + " --- |" * (len(names) + 3),
+    ]
+    for row in rows:
+        counts = staleness_bins(row["staleness_histogram"])
+        total = sum(counts)
+        shares = [f"{100.0 * c / total:.0f} %" if total else "-" for c in counts]
+        lines.append(
+            f"| {row['label']} | {total} | {fmt(row['mean_staleness'], '.2f')} | "
+            + " | ".join(shares)
+            + " |"
+        )
+    return lines
+
+
+def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
+    """``staleness.png``: the binned staleness histogram of every asynchronous run."""
+    rows = [row for row in comparison.rows if row["staleness_histogram"]]
+    if not rows:
+        return None
+    names = [_bin_name(lo, hi) for lo, hi in STALENESS_BINS]
+    fig, ax = plt.subplots(figsize=(8.0, 3.6), dpi=110)
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        counts = staleness_bins(row["staleness_histogram"])
+        total = sum(counts) or 1
+        ax.bar(
+            [b + (i - (len(rows) - 1) / 2) * width for b in range(len(names))],
+            [c / total for c in counts],
+            width=width,
+            label=row["label"],
+        )
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlabel("staleness (model versions)")
+    ax.set_ylabel("share of updates")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{comparison.scenario.name}: staleness of received updates")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_comparison(comparison: Comparison, path: Path) -> Path:
+    """``comparison.png``: accuracy vs simulated time and vs cumulative uplink bytes
+    (both axes logarithmic)."""
+    fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
+    for result in comparison.results:
+        if not result.series:
+            continue
+        label = result.label if result.completed else f"{result.label} ({result.status})"
+        # Log axes: FedAvg's rounds and the asynchronous runs differ by orders of
+        # magnitude; neither can show the evaluation at time 0, before any upload.
+        timed = [(p.sim_time, p.accuracy) for p in result.series if p.sim_time > 0]
+        (line,) = by_time.plot(
+            [t for t, _ in timed],
+            [a for _, a in timed],
+            marker="o",
+            markersize=2.5,
+            label=label,
+        )
+        sent = [(p.bytes_up, p.accuracy) for p in result.series if p.bytes_up > 0]
+        by_bytes.plot(
+            [b for b, _ in sent],
+            [a for _, a in sent],
+            marker="o",
+            markersize=2.5,
+            color=line.get_color(),
+            label=label,
+        )
+    for ax, xlabel in (
+        (by_time, "simulated time (s, log)"),
+        (by_bytes, "cumulative uplink bytes (log)"),
+    ):
+        if comparison.target is not None:
+            ax.axhline(
+                comparison.target,
+                linestyle="--",
+                color="grey",
+                linewidth=1,
+                label=f"target {comparison.target:.3f}",
+            )
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+    by_time.set_xscale("log")
+    by_bytes.set_xscale("log")
+    by_time.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and uplink bytes")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_reports(comparison: Comparison, out: Path) -> list[Path]:
+    """Write ``comparison.json``, ``.md`` and ``.png`` into ``out``, and
+    ``staleness.png`` when a run was asynchronous."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "comparison.json"
+    json_path.write_text(
+        json.dumps(comparison.as_dict(), indent=2, default=_jsonable) + "\n", encoding="utf-8"
+    )
+    written = [
+        json_path,
+        write_markdown(comparison, out / "comparison.md"),
+        plot_comparison(comparison, out / "comparison.png"),
+    ]
+    staleness = plot_staleness(comparison, out / "staleness.png")
+    return written + ([staleness] if staleness is not None else [])
+
+
+# --- formatting -------------------------------------------------------------------------------
+def fmt(value: Any, spec: str) -> str:
+    """``value`` formatted by ``spec``; ``-`` when it is missing or not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def mb(value: Any) -> str:
+    """A byte count in MB (three decimals); ``-`` when it is missing."""
+    return "-" if value is None else f"{int(value) / 1e6:.3f}"
+
+
+def _counts(counts: Mapping[str, int] | None) -> str:
+    if not counts:
+        return "0"
+    return ", ".join(f"{key} {value}" for key, value in counts.items())
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Iterable):
+        return list(value)
+    return str(value)

@@ -1,0 +1,272 @@
+"""What the runs of a comparison produced, and what it concludes from them.
+
+A run's evaluation series (:class:`EvalPoint`, read from its ``summary.json`` or its
+``events.jsonl`` by :func:`read_series`), how the run went (:class:`RunResult`), and the
+comparison of all runs (:func:`build_comparison`): the target accuracy fixed after every
+run is done, when and at what cost each run first reached it, and the ratios against
+the baseline. No plotting and no processes here: :mod:`simulations.report` writes the
+files, :mod:`simulations.compare` runs the strategies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedsync.reports import read_events
+from simulations.scenario import Scenario
+
+__all__ = [
+    "COMPLETED",
+    "STALENESS_BINS",
+    "Comparison",
+    "EvalPoint",
+    "RunResult",
+    "build_comparison",
+    "evaluation_entries",
+    "first_reaching",
+    "ratio",
+    "read_series",
+    "staleness_bins",
+]
+
+COMPLETED = "finished:completed"
+"""The SuperLink's status of a run whose ServerApp returned normally."""
+
+
+# --- what one run produced ------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalPoint:
+    """One central evaluation of the global model, with what it cost so far."""
+
+    sim_time: float
+    bytes_up: int
+    bytes_down: int
+    accuracy: float
+
+    @classmethod
+    def from_entry(cls, entry: Mapping[str, Any]) -> EvalPoint:
+        """Read an evaluation entry (``summary.json`` or an ``evaluation`` event)."""
+        return cls(
+            sim_time=float(entry.get("sim_time", math.nan)),
+            bytes_up=int(entry.get("cumulative_bytes_up", 0)),
+            bytes_down=int(entry.get("cumulative_bytes_down", 0)),
+            accuracy=float(entry.get("accuracy", math.nan)),
+        )
+
+    def as_list(self) -> list[float | int]:
+        """``[sim_time, bytes_up, bytes_down, accuracy]`` (compact, for the JSON)."""
+        return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy]
+
+
+def evaluation_entries(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The evaluation entries of a run's ``summary.json``, in the order written.
+
+    The one place that knows where a summary keeps them: FedAvg's summary lists them
+    as ``rounds``, the asynchronous strategies' as ``evaluations``.
+    """
+    return list(summary.get("evaluations") or summary.get("rounds") or [])
+
+
+def read_series(summary: Mapping[str, Any], events_path: Path | None = None) -> list[EvalPoint]:
+    """The evaluation series of a run, in time order.
+
+    From the summary's entries (:func:`evaluation_entries`); a summary without any
+    falls back to the ``evaluation`` events of ``events.jsonl``.
+    """
+    entries = evaluation_entries(summary)
+    if not entries and events_path is not None and events_path.is_file():
+        entries = list(read_events(events_path, "evaluation"))
+    points = [EvalPoint.from_entry(entry) for entry in entries]
+    return sorted(points, key=lambda p: (p.sim_time, p.bytes_up))
+
+
+def first_reaching(series: Sequence[EvalPoint], target: float | None) -> EvalPoint | None:
+    """The first evaluation whose accuracy is at least ``target`` (``None``: never)."""
+    if target is None:
+        return None
+    for point in series:
+        if point.accuracy >= target:
+            return point
+    return None
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    """``value / baseline``; ``None`` when either is missing or the baseline is 0.
+
+    Below 1 the strategy needed less than the baseline.
+    """
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return value / baseline
+
+
+@dataclass
+class RunResult:
+    """How one strategy's run went.
+
+    Attributes
+    ----------
+    label, strategy : str
+        The scenario's label and the ``strategy`` run-config value.
+    status : str
+        The SuperLink's status (``finished:completed`` ...), or why there is none.
+    elapsed_seconds : float
+        Real seconds from submission to the end of the stream (start-up included).
+    summary : dict
+        The run's ``summary.json`` (empty if it wrote none).
+    series : list of EvalPoint
+        Its evaluations.
+    details : str
+        The SuperLink's status details or the error.
+    """
+
+    label: str
+    strategy: str
+    status: str
+    elapsed_seconds: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    series: list[EvalPoint] = field(default_factory=list)
+    details: str = ""
+
+    @property
+    def completed(self) -> bool:
+        """Finished normally and left a summary to compare."""
+        return self.status == COMPLETED and bool(self.summary)
+
+
+# --- the comparison ---------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """Everything ``comparison.json`` holds; :meth:`as_dict` is that file."""
+
+    scenario: Scenario
+    target: float | None
+    rows: list[dict[str, Any]]
+    results: list[RunResult]
+
+    @property
+    def all_completed(self) -> bool:
+        """Whether every strategy's run completed."""
+        return bool(self.results) and all(r.completed for r in self.results)
+
+    def row(self, label: str) -> dict[str, Any]:
+        """The row of one strategy."""
+        for row in self.rows:
+            if row["label"] == label:
+                return row
+        raise KeyError(label)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document."""
+        scenario = self.scenario
+        return {
+            "scenario": scenario.name,
+            "description": scenario.description,
+            "target_rule": {"kind": scenario.target.kind, "value": scenario.target.value},
+            "target_accuracy": self.target,
+            "baseline": scenario.baseline,
+            "scale": scenario.scale,
+            "federation": dict(scenario.federation),
+            "all_completed": self.all_completed,
+            "strategies": self.rows,
+        }
+
+
+def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Comparison:
+    """Fix the target, find when and at what cost each run reached it, and the ratios.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        Its target rule and baseline label are used.
+    results : sequence of RunResult
+        One per strategy run (failed ones included: they get a row that says so).
+    """
+    target = scenario.target.resolve(_final_accuracy(r) for r in results if r.completed)
+    reached = {r.label: first_reaching(r.series, target) for r in results}
+    base = reached.get(scenario.baseline)
+    rows = []
+    for result in results:
+        hit = reached[result.label]
+        summary = result.summary
+        rows.append(
+            {
+                "label": result.label,
+                "strategy": result.strategy,
+                "status": result.status,
+                "completed": result.completed,
+                "details": result.details[-2000:] if not result.completed else "",
+                "final_accuracy": _final_accuracy(result),
+                "best_accuracy": summary.get("best_accuracy"),
+                "target": {
+                    "accuracy": target,
+                    "reached": hit is not None,
+                    "sim_time": hit.sim_time if hit else None,
+                    "bytes_up": hit.bytes_up if hit else None,
+                    "bytes_down": hit.bytes_down if hit else None,
+                },
+                "ratios_vs_baseline": {
+                    "time_to_target": ratio(
+                        hit.sim_time if hit else None, base.sim_time if base else None
+                    ),
+                    "uplink_bytes_to_target": ratio(
+                        hit.bytes_up if hit else None, base.bytes_up if base else None
+                    ),
+                    "downlink_bytes_to_target": ratio(
+                        hit.bytes_down if hit else None, base.bytes_down if base else None
+                    ),
+                },
+                "sim_time": summary.get("sim_time"),
+                "total_bytes_up": summary.get("total_bytes_up"),
+                "total_bytes_down": summary.get("total_bytes_down"),
+                "wall_seconds": summary.get("wall_seconds"),
+                "elapsed_seconds": round(result.elapsed_seconds, 3),
+                "staleness_histogram": summary.get("staleness_histogram", {}),
+                "mean_staleness": summary.get("mean_staleness"),
+                "drops": summary.get("drops", {}),
+                "errors": summary.get("errors", {}),
+                "stop_reason": summary.get("stop_reason", ""),
+                "aggregations": summary.get("aggregations", summary.get("num_rounds")),
+                "run_target": summary.get("target"),
+                # [sim_time, cumulative bytes up, cumulative bytes down, accuracy]
+                "evaluations": [p.as_list() for p in result.series],
+            }
+        )
+    return Comparison(scenario, target, rows, list(results))
+
+
+def _final_accuracy(result: RunResult) -> float | None:
+    value = result.summary.get("final_accuracy")
+    if value is None and result.series:
+        value = result.series[-1].accuracy
+    return None if value is None else float(value)
+
+
+# --- staleness ------------------------------------------------------------------------------
+STALENESS_BINS: tuple[tuple[int, int | None], ...] = (
+    (0, 0),
+    (1, 1),
+    (2, 2),
+    (3, 4),
+    (5, 8),
+    (9, 16),
+    (17, 32),
+    (33, None),
+)
+"""Staleness bins of the report (inclusive; ``None``: no upper end)."""
+
+
+def staleness_bins(histogram: Mapping[str, int] | Mapping[int, int]) -> list[int]:
+    """Counts of a ``{staleness: count}`` histogram in :data:`STALENESS_BINS`."""
+    counts = [0] * len(STALENESS_BINS)
+    for key, count in histogram.items():
+        tau = int(key)
+        for i, (lo, hi) in enumerate(STALENESS_BINS):
+            if tau >= lo and (hi is None or tau <= hi):
+                counts[i] += int(count)
+                break
+    return counts
