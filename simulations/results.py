@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsync.reports import read_events
+from fedsync.reports import RunSummary, read_events
 from simulations.scenario import Scenario
 
 __all__ = [
@@ -62,13 +62,10 @@ class EvalPoint:
         return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy]
 
 
-def evaluation_entries(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The evaluation entries of a run's ``summary.json``, in the order written.
-
-    The one place that knows where a summary keeps them: FedAvg's summary lists them
-    as ``rounds``, the asynchronous strategies' as ``evaluations``.
-    """
-    return list(summary.get("evaluations") or summary.get("rounds") or [])
+def evaluation_entries(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The evaluation entries of a run's ``summary.json``, in the order written (every
+    strategy writes the same :class:`~fedsync.reports.RunSummary`)."""
+    return RunSummary.evaluations(summary)
 
 
 def read_series(summary: Mapping[str, Any], events_path: Path | None = None) -> list[EvalPoint]:

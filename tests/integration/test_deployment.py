@@ -39,9 +39,9 @@ def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
     assert live_group_members(pids) == []
 
     summary = json.loads((results / "grpc" / "summary.json").read_text())
-    accuracies = [r["accuracy"] for r in summary["rounds"]]
+    accuracies = [r["accuracy"] for r in summary["evaluations"]]
     assert accuracies[-1] > accuracies[0] + 0.2
-    assert summary["rounds"][-1]["cumulative_bytes_up"] > 0
+    assert summary["evaluations"][-1]["cumulative_bytes_up"] > 0
 
 
 def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:

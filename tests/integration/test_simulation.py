@@ -38,7 +38,7 @@ def test_fedavg_simulation_learns_and_counts_bytes(tmp_path: Path, project_root:
     assert live_group_members(pids) == []
 
     summary = json.loads((results / "sim" / "summary.json").read_text())
-    accuracies = [r["accuracy"] for r in summary["rounds"]]
+    accuracies = [r["accuracy"] for r in summary["evaluations"]]
     assert len(accuracies) == 3  # the initial model, then two rounds
     assert accuracies[-1] > accuracies[0] + 0.2
     # Bytes are the serialized arrays of the real messages: 3 nodes x the model each way.

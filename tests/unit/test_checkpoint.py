@@ -1,7 +1,7 @@
 """Server checkpoints: atomic files, the newest readable one, settings, and a resumed loop.
 
 The loop-level tests run :func:`server.run_async.run_async` on the in-process fake
-Grid of ``tests/unit/test_async_loop.py`` (Flower's Message API, scrambled arrivals).
+Grid of ``tests/unit/test_async_run.py`` (Flower's Message API, scrambled arrivals).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from server.checkpoint import (
     tally_state,
 )
 from server.run_async import AsyncResult, run_async
-from tests.unit.test_async_loop import (  # the fake Grid and clients, and their fixture
+from tests.unit.test_async_run import (  # the fake Grid and clients, and their fixture
     NODES,
     DenseCodec,
     FakeClients,

@@ -1,7 +1,7 @@
 """Fault injection (node config ``fault``) against the server's checks.
 
 Each fault kind corrupts a real codec frame the way :mod:`clients.faults` does on a
-deployed node; the asynchronous loop (on the fake Grid of ``test_async_loop``) must
+deployed node; the asynchronous loop (on the fake Grid of ``test_async_run``) must
 reject every such reply, count it by kind, and leave the global model untouched.
 """
 
@@ -24,7 +24,7 @@ from fedsync.config import RunConfig, SettingsError
 from fedsync.records import get_int, get_str
 from fedsync.reports import RunRecorder, read_events
 from server.run_async import AsyncResult, run_async
-from tests.unit.test_async_loop import (
+from tests.unit.test_async_run import (
     SHAPES,
     FakeGrid,
     initial_state,

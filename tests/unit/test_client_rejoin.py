@@ -19,7 +19,7 @@ import server.async_run as async_run
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, read_events
 from server.run_async import run_async
-from tests.unit.test_async_loop import (
+from tests.unit.test_async_run import (
     DenseCodec,
     FakeClients,
     FakeGrid,

@@ -40,7 +40,7 @@ def test_ratio() -> None:
 
 def test_read_series_from_either_summary_shape(tmp_path: Path) -> None:
     entry = {"sim_time": 3.0, "cumulative_bytes_up": 7, "cumulative_bytes_down": 9, "accuracy": 0.5}
-    assert read_series({"rounds": [entry]}) == [EvalPoint(3.0, 7, 9, 0.5)]
+    assert read_series({"evaluations": [entry]}) == [EvalPoint(3.0, 7, 9, 0.5)]
     assert read_series({"evaluations": [entry]}) == [EvalPoint(3.0, 7, 9, 0.5)]
     events = tmp_path / "events.jsonl"
     events.write_text('{"event": "evaluation", "sim_time": 1.0, "accuracy": 0.2}\n')
