@@ -264,7 +264,21 @@ class CompressionSection(Section):
         "full", "full (whole model each task) / delta (compressed delta vs the device's copy)"
     )
     downlink_delta_codec: str = key(
-        "none+uniform:8", "codec of delta downlinks (downlink-kind = delta)"
+        "none+uniform:8",
+        "codec of delta downlinks (downlink-kind = delta); {density} and {bits} are filled "
+        "per task by the downlink schedule",
+    )
+    downlink_density_start: float = key(
+        0.1, "downlink: fraction of the delta kept at model version 0"
+    )
+    downlink_density_floor: float = key(0.01, "downlink: least fraction kept as it decays")
+    downlink_density_decay: float = key(
+        0.0, "downlink density decay rate per model version (0: constant)"
+    )
+    downlink_bits_start: int = key(8, "downlink: bits per value at model version 0")
+    downlink_bits_floor: int = key(4, "downlink: least bits per value as it decays")
+    downlink_bits_decay: float = key(
+        0.0, "downlink bit-width decay rate per model version (0: constant)"
     )
 
     def __post_init__(self) -> None:
@@ -272,8 +286,24 @@ class CompressionSection(Section):
             _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
         try:
             self.schedule(decaying=True)
+            self.downlink_schedule(decaying=True)
         except ValueError as err:
             raise SettingsError(str(err)) from err
+
+    def downlink_schedule(self, *, decaying: bool) -> CompressionSchedule:
+        """The delta downlink's :class:`~fedsync.aggregation.schedule.CompressionSchedule`
+        (its own knobs: ``downlink-density-*``, ``downlink-bits-*``)."""
+        return CompressionSchedule(
+            template=self.downlink_delta_codec,
+            density_start=self.downlink_density_start,
+            density_floor=self.downlink_density_floor,
+            density_decay=self.downlink_density_decay,
+            bits_start=self.downlink_bits_start,
+            bits_floor=self.downlink_bits_floor,
+            bits_decay=self.downlink_bits_decay,
+            kind=self.decay_kind,  # type: ignore[arg-type]  # checked by the schedule
+            frozen=not decaying,
+        )
 
     def schedule(self, *, decaying: bool) -> CompressionSchedule:
         """The uplink :class:`~fedsync.aggregation.schedule.CompressionSchedule`.

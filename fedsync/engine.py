@@ -159,7 +159,9 @@ class AggregationEngine:
             raise SettingsError(f"strategy {config.strategy!r} does not run on the engine")
         self.config = config
         self.strategy: Strategy = STRATEGIES[config.strategy](config.asynchronous)
-        self.schedule = config.compression.schedule(decaying=self.strategy.decaying_compression)
+        decaying = self.strategy.decaying_compression
+        self.schedule = config.compression.schedule(decaying=decaying)
+        self.downlink_schedule = config.compression.downlink_schedule(decaying=decaying)
         settings = config.asynchronous
         self.optimizer = build_server_optimizer(
             settings.server_optimizer,
@@ -188,13 +190,17 @@ class AggregationEngine:
         for spec in self.schedule.extreme_specs():
             self._codec(spec)
         compression = config.compression
+        delta = compression.downlink_kind == "delta"
+        if delta:
+            for spec in self.downlink_schedule.extreme_specs():
+                self._downlink_codec(spec)
         self.downlink = DownlinkEncoder(
             self.specs,
             full_codec=self._downlink_codec(compression.downlink_codec),
             kind=cast(DownlinkKind, compression.downlink_kind),
             delta_codec=(
-                self._downlink_codec(compression.downlink_delta_codec)
-                if compression.downlink_kind == "delta"
+                (lambda version: self._codec(self.downlink_schedule.spec(version)))
+                if delta
                 else None
             ),
             keep_start=self.strategy.needs_start_model,

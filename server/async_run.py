@@ -222,6 +222,7 @@ class AsyncRun:
             version=plan.version,
             bytes_down=size,
             downlink_kind=plan.downlink.kind,
+            downlink_lag=round(plan.downlink.lag, 6),
             uplink_codec=plan.uplink_spec,
             in_flight=self.scheduler.in_flight,
             sim_time=self.journal.sim(now),

@@ -19,6 +19,7 @@ cannot know the device applied the payload.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -56,6 +57,10 @@ class DownlinkPayload:
     payload: bytes
     kind: DownlinkKind
     start: dict[str, torch.Tensor] | None = None
+    lag: float = 0.0
+    """``||global - device model|| / ||global||`` once the device applied the payload:
+    what the device trains without (0 for a full payload, apart from its codec's
+    rounding; the server-side residual of a delta)."""
 
 
 class DownlinkEncoder:
@@ -69,8 +74,9 @@ class DownlinkEncoder:
         Codec for whole-model payloads (``downlink-codec``).
     kind : {"full", "delta"}
         Downlink mode (see the module docstring).
-    delta_codec : UpdateCodecLike, optional
-        Codec for delta payloads (``downlink-delta-codec``); required with ``"delta"``.
+    delta_codec : callable, optional
+        Model version -> codec for delta payloads (``downlink-delta-codec`` with the
+        downlink schedule's density and bits filled in); required with ``"delta"``.
     keep_start : bool
         Return with each payload the model it decodes to on the device
         (:attr:`DownlinkPayload.start`), for strategies that mix models.
@@ -82,7 +88,7 @@ class DownlinkEncoder:
         *,
         full_codec: UpdateCodecLike,
         kind: DownlinkKind = "full",
-        delta_codec: UpdateCodecLike | None = None,
+        delta_codec: Callable[[int], UpdateCodecLike] | None = None,
         keep_start: bool = False,
     ) -> None:
         if kind not in ("full", "delta"):
@@ -124,16 +130,18 @@ class DownlinkEncoder:
                 self._pending[node_id] = start
             return DownlinkPayload(payload, "full", start if self.keep_start else None)
         assert self._delta_codec is not None
+        codec = self._delta_codec(version)
         # The difference in the model's own dtype: the frame's tensor table then matches
         # the specs the device decodes against.
         diff = {name: (state[name] - replica[name]).to(state[name].dtype) for name in self.specs}
-        payload = self._delta_codec.encode(diff)
-        decoded = densify(self._delta_codec.decode(payload, self.specs))
+        payload = codec.encode(diff)
+        decoded = densify(codec.decode(payload, self.specs))
         start = {
             name: (replica[name] + decoded[name]).to(replica[name].dtype) for name in self.specs
         }
         self._pending[node_id] = start
-        return DownlinkPayload(payload, "delta", start if self.keep_start else None)
+        lag = _relative_gap(state, start)
+        return DownlinkPayload(payload, "delta", start if self.keep_start else None, lag)
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload decoded to."""
@@ -169,3 +177,10 @@ class DownlinkEncoder:
             )
             self._full = (version, payload, decoded)
         return self._full[1], self._full[2]
+
+
+def _relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:
+    """``||state - held|| / ||state||`` over all tensors (float64 sums)."""
+    gap = sum(float((state[n].double() - held[n].double()).square().sum()) for n in held)
+    norm = sum(float(state[n].double().square().sum()) for n in held)
+    return math.sqrt(gap / norm) if norm > 0 else 0.0
