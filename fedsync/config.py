@@ -280,10 +280,17 @@ class CompressionSection(Section):
     downlink_bits_decay: float = key(
         0.0, "downlink bit-width decay rate per model version (0: constant)"
     )
+    downlink_max_lag: float = key(
+        0.1,
+        "send a full model instead of a delta that would leave the device further than this "
+        "from the global model (relative L2; 0: always full)",
+    )
 
     def __post_init__(self) -> None:
         if self.downlink_kind not in ("full", "delta"):
             _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
+        if not self.downlink_max_lag >= 0.0:
+            _fail("downlink-max-lag", "must be >= 0", self.downlink_max_lag)
         try:
             self.schedule(decaying=True)
             self.downlink_schedule(decaying=True)

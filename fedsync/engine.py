@@ -204,6 +204,7 @@ class AggregationEngine:
                 else None
             ),
             keep_start=self.strategy.needs_start_model,
+            max_lag=compression.downlink_max_lag,
         )
         self.buffer = UpdateBuffer(
             self.specs,
@@ -330,6 +331,7 @@ class AggregationEngine:
             "policy": self.strategy.describe(),
             "server_optimizer": repr(self.optimizer),
             "rejections": dict(sorted(self.rejections.items())),
+            "downlink_resyncs": self.downlink.resyncs,
             "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
         }
 

@@ -3,18 +3,21 @@
 Every later number in fedsync is compared with this strategy, so it is Flower's
 ``FedAvg`` itself -- sampling, aggregation and rounds untouched. The subclass only
 *observes*: it counts the bytes of every model that goes out and every update that comes
-back (lengths of the serialized arrays inside the real Flower messages), times each
+back (the frame length of the arrays inside the real Flower messages, the ruler every
+strategy is measured with: :func:`record_bytes`), times each
 round on the fleet's virtual clock (:mod:`server.sync_timing`), and records the rounds
 in the run's event log.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -22,17 +25,39 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedsync import protocol
 from fedsync.clock import TaskWork
+from fedsync.codec import UpdateCodec
 from fedsync.records import get_int
 from fedsync.reports import RunRecorder
 from server.sync_timing import SyncRoundClock
 
 
 def record_bytes(record: RecordDict) -> int:
-    """Bytes of the arrays a message carries: the serialized payload Flower sends."""
-    total = 0
+    """Bytes of the arrays a message carries, counted as the asynchronous strategies count
+    theirs: the length of a fedsync frame holding them (``none+fp32``: every value, raw).
+
+    Flower serializes each array with its own npy header; a frame carries one header and
+    a tensor table instead, so FedAvg and the compressed strategies are measured with the
+    same ruler. Arrays that are not floating point (counters) count their raw bytes.
+    """
+    floats: list[tuple[str, tuple[int, ...], str]] = []
+    other = 0
     for array_record in record.array_records.values():
-        total += sum(len(array.data) for array in array_record.values())
-    return total
+        for name, array in array_record.items():
+            if array.dtype.startswith("float"):
+                floats.append((name, tuple(array.shape), array.dtype))
+            else:
+                other += len(array.data)
+    return (dense_frame_bytes(tuple(floats)) if floats else 0) + other
+
+
+@functools.lru_cache(maxsize=64)
+def dense_frame_bytes(tensors: tuple[tuple[str, tuple[int, ...], str], ...]) -> int:
+    """Length of the ``none+fp32`` frame of tensors of these names, shapes and dtypes
+    (it depends on nothing else, so it is computed once per model)."""
+    zeros = {
+        name: torch.zeros(shape, dtype=getattr(torch, dtype)) for name, shape, dtype in tensors
+    }
+    return len(UpdateCodec("none+fp32").encode(zeros))
 
 
 @dataclass

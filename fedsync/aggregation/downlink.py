@@ -11,7 +11,8 @@ Two modes (``downlink-kind``):
   ``global - replica`` and goes out with the next task: a server-side residual, so
   nothing is lost over time. A device with no known replica (its first task, or after
   any failed or lost task, when it may or may not have applied the last delta) gets a
-  ``full`` payload instead, which replaces whatever it held.
+  ``full`` payload instead, which replaces whatever it held; so does a device whose delta
+  would leave it more than ``max_lag`` (relative L2) away from the global model.
 
 Replicas are committed only when the device's reply is in: until then the server
 cannot know the device applied the payload.
@@ -80,6 +81,11 @@ class DownlinkEncoder:
     keep_start : bool
         Return with each payload the model it decodes to on the device
         (:attr:`DownlinkPayload.start`), for strategies that mix models.
+    max_lag : float
+        A delta whose lag (see :attr:`DownlinkPayload.lag`) would exceed this is
+        replaced by a full payload: a codec too coarse for the change (4-bit dense
+        deltas on heavy-tailed updates, say) cannot then let devices drift away from
+        the global model while the server-side residual grows.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class DownlinkEncoder:
         kind: DownlinkKind = "full",
         delta_codec: Callable[[int], UpdateCodecLike] | None = None,
         keep_start: bool = False,
+        max_lag: float = math.inf,
     ) -> None:
         if kind not in ("full", "delta"):
             raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
@@ -100,6 +107,9 @@ class DownlinkEncoder:
         self._full_codec = full_codec
         self._delta_codec = delta_codec
         self.keep_start = keep_start
+        self.max_lag = max_lag
+        self.resyncs = 0
+        """Delta payloads replaced by a full one because their lag exceeded ``max_lag``."""
         # --- caches and per-device state ---
         self._full: tuple[int, bytes, dict[str, torch.Tensor] | None] | None = None
         self._replicas: dict[int, dict[str, torch.Tensor]] = {}
@@ -120,15 +130,28 @@ class DownlinkEncoder:
             The global model's version (full payloads are cached by it).
         """
         replica = self._replicas.get(node_id) if self.kind == "delta" else None
-        if replica is None:
-            payload, decoded = self._full_payload(state, version)
-            start = None
-            if decoded is not None:
-                start = {name: t.to(state[name].dtype, copy=True) for name, t in decoded.items()}
-            if self.kind == "delta":
-                assert start is not None
-                self._pending[node_id] = start
-            return DownlinkPayload(payload, "full", start if self.keep_start else None)
+        if replica is not None:
+            delta = self._delta(node_id, state, replica, version)
+            if delta.lag <= self.max_lag:
+                return delta
+            # The codec left too much of the model behind: resynchronise with a full one.
+            self.resyncs += 1
+        payload, decoded = self._full_payload(state, version)
+        start = None
+        if decoded is not None:
+            start = {name: t.to(state[name].dtype, copy=True) for name, t in decoded.items()}
+        if self.kind == "delta":
+            assert start is not None
+            self._pending[node_id] = start
+        return DownlinkPayload(payload, "full", start if self.keep_start else None)
+
+    def _delta(
+        self,
+        node_id: int,
+        state: Mapping[str, torch.Tensor],
+        replica: Mapping[str, torch.Tensor],
+        version: int,
+    ) -> DownlinkPayload:
         assert self._delta_codec is not None
         codec = self._delta_codec(version)
         # The difference in the model's own dtype: the frame's tensor table then matches

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig
 from fedsync.deploy import LocalSuperLink
 from fedsync.reports import read_events
+from fedsync.task import model_for, model_state
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -41,11 +44,13 @@ def test_fedavg_simulation_learns_and_counts_bytes(tmp_path: Path, project_root:
     accuracies = [r["accuracy"] for r in summary["evaluations"]]
     assert len(accuracies) == 3  # the initial model, then two rounds
     assert accuracies[-1] > accuracies[0] + 0.2
-    # Bytes are the serialized arrays of the real messages: 3 nodes x the model each way.
+    # Bytes are counted as every strategy's: the length of the frame of the arrays the
+    # real messages carry (none+fp32), 3 nodes x the model each way.
     round_events = list(read_events(results / "sim" / "events.jsonl", "train_round"))
     assert [e["replies"] for e in round_events] == [3, 3]
     model_bytes = round_events[0]["bytes_down"] // 3
-    assert model_bytes > 0
+    model = model_for(RunConfig.from_run_config({"local-epochs": 1}).training)
+    assert model_bytes == len(UpdateCodec("none+fp32").encode(model_state(model)))
     assert all(e["bytes_up"] == e["bytes_down"] == 3 * model_bytes for e in round_events)
     assert summary["total_bytes_up"] == 6 * model_bytes
     assert (results / "sim" / "accuracy.png").stat().st_size > 0

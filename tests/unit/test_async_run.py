@@ -524,6 +524,7 @@ def test_delta_downlink_keeps_replicas_and_falls_back_to_full(tmp_path: Path) ->
         downlink_codec="none+fp16",
         downlink_kind="delta",
         downlink_delta_codec="topk:0.1+uniform:8",
+        downlink_max_lag=1.0,  # let the lossy deltas through: equality is the point here
         max_aggregations=9,
     )
     kinds: dict[int, list[str]] = {}
@@ -532,6 +533,9 @@ def test_delta_downlink_keeps_replicas_and_falls_back_to_full(tmp_path: Path) ->
     assert all(k[0] == "full" for k in kinds.values())
     assert any("delta" in k for k in kinds.values())
     assert result.summary["final_accuracy"] > result.evaluations[0]["accuracy"]
+    # the lag (what a device trains without) is reported, and top-k 10 % leaves some
+    lags = [e["downlink_lag"] for e in of(events, "dispatch") if e["downlink_kind"] == "delta"]
+    assert lags and 0.0 < max(lags) < 1.0
     downlink = result.engine.downlink
     assert set(clients.models) == set(kinds)
     for node, model in clients.models.items():
@@ -545,6 +549,29 @@ def test_delta_downlink_keeps_replicas_and_falls_back_to_full(tmp_path: Path) ->
         for node in clients.models
         for name in SHAPES
     )
+
+
+def test_a_delta_that_leaves_too_much_behind_is_replaced_by_the_full_model(
+    tmp_path: Path,
+) -> None:
+    result, events, _, clients = run(
+        tmp_path,
+        "resync",
+        real_codec=True,
+        uplink_codec="topk:{density}+uniform:{bits}+ef",
+        downlink_codec="none+fp16",
+        downlink_kind="delta",
+        downlink_delta_codec="topk:0.01+uniform:2",  # far too coarse for these changes
+        downlink_max_lag=0.05,
+        max_aggregations=6,
+    )
+    dispatched = of(events, "dispatch")
+    assert {e["downlink_kind"] for e in dispatched} == {"full"}
+    assert result.summary["downlink_resyncs"] > 0
+    downlink = result.engine.downlink
+    for node, model in clients.models.items():  # still exactly what the server expects
+        held = downlink.holds(node)
+        assert held is not None and all(torch.equal(model[n], held[n]) for n in SHAPES)
 
 
 def test_offline_and_dropout_losses_are_counted_not_retired(tmp_path: Path) -> None:
