@@ -39,7 +39,13 @@ import types
 import typing
 from typing import Any
 
-from fedsync.compression.config import STAGE_ORDER, PipelineConfig, StageConfig, StageKind
+from fedsync.compression.config import (
+    MAX_STAGE_INT,
+    STAGE_ORDER,
+    PipelineConfig,
+    StageConfig,
+    StageKind,
+)
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import REGISTRY
 
@@ -70,7 +76,15 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
                 return low in _TRUE
             raise ValueError
         if annotation is int:
-            return int(text)
+            # Digits are bounded before converting: a 64-bit int has at most 19.
+            number = int(text) if len(text.lstrip("+-")) <= 19 else None
+            if number is None or not -MAX_STAGE_INT - 1 <= number <= MAX_STAGE_INT:
+                shown = f"{text[:20]!r}{'...' if len(text) > 20 else ''}"
+                raise SpecError(
+                    f"{stage}: {key} must be an int of at most 64 bits, got {shown} "
+                    f"({len(text)} characters)"
+                )
+            return number
         if annotation is float:
             value = float(text)
             if not math.isfinite(value):
@@ -78,6 +92,8 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
             return value
         if annotation is str:
             return text.lower()
+    except SpecError:
+        raise
     except ValueError:
         pass
     kind = getattr(annotation, "__name__", str(annotation))

@@ -19,7 +19,9 @@ class FrameLimits:
     memory for it, so a hostile frame cannot make the server allocate more than a
     small multiple of ``max_total_values`` and ``max_payload_bytes``: decoding
     holds the payload plus at most 12 bytes per value (an int64 position and a code
-    of up to 4 bytes) plus a copy of the largest Rice section.
+    of up to 4 bytes) plus a copy of the largest Rice section. A codec that derives
+    positions from the frame's shape (``mask:<density>``) draws them in at most 32
+    bytes per value, never in proportion to the declared element count.
 
     Parameters
     ----------

@@ -17,9 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedsync.codec import UpdateCodec
+from fedsync.compression.base import target_count
 from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
 from fedsync.wire import (
     FrameLimits,
@@ -369,3 +372,87 @@ def test_rice_unary_run_that_never_ends() -> None:
     with pytest.raises(TruncatedPayload, match="stream ends after 0 of 2 positions"):
         decode_frame(frame)
     assert time.perf_counter() - start < HOSTILE_DECODE_S
+
+
+# --------------------------------------------------------------------------------------
+# Through the codec: codec strings with absurd numbers, declared sizes against what the
+# decoder may spend. Only PayloadError may escape UpdateCodec.decode.
+# --------------------------------------------------------------------------------------
+
+CODEC_TEMPLATES = (
+    "topk:0.1+uniform:{}",
+    "topk:0.1+uniform:8,chunk={}",
+    "topk:0.1+qsgd:{}",
+    "topk:0.1+qsgd:8,chunk={}",
+    "topk:{}+uniform:8",
+    "mask:0.1,seed={}+uniform:8",
+    "mask:{}+uniform:8",
+    "dgc:0.1,iters={}+uniform:8",
+    "sidco:0.1,stages={}+uniform:8",
+    "randomk:{}+fp16",
+)
+ABSURD_NUMBERS = st.one_of(
+    st.integers(-(1 << 300), 1 << 300).map(str),
+    st.sampled_from([2**63 - 1, 2**63, 2**64, -(2**63), -(2**63) - 1, 0, -1]).map(str),
+    st.text(alphabet="0123456789", min_size=18, max_size=600),
+    st.text(alphabet="0123456789.-e+", min_size=1, max_size=40),
+)
+
+
+@functools.cache
+def _topk_tensors() -> list[CompressedTensor]:
+    update = torch.from_numpy(np.random.default_rng(3).standard_normal((32, 16)).astype("f4"))
+    return decode_frame(UpdateCodec("topk:0.1+uniform:8").encode({"w": update}))[1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(template=st.sampled_from(CODEC_TEMPLATES), number=ABSURD_NUMBERS)
+def test_codec_strings_with_absurd_numbers_raise_only_payload_error(
+    template: str, number: str
+) -> None:
+    payload = encode_frame(template.format(number), _topk_tensors())
+    try:
+        UpdateCodec().decode(payload)
+    except PayloadError as error:
+        assert str(error)
+    except Exception as error:  # the bug this hunts: OverflowError, numba typing errors
+        pytest.fail(f"{template.format(number)!r}: {type(error).__name__} escaped: {error!r}")
+
+
+def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
+    """A ``mask:`` frame of one tensor of ``numel`` declared elements (zero codes)."""
+    count = target_count(numel, density)
+    chunks = -(-count // 1024)
+    tensor = CompressedTensor(
+        TensorSpec("w", (numel,)),
+        "mask",
+        None,
+        QuantizedValues(
+            "uniform",
+            bits,
+            np.zeros(count, np.uint8),
+            {"min": np.zeros(chunks, np.float32), "scale": np.ones(chunks, np.float32)},
+        ),
+    )
+    return encode_frame(f"mask:{density}+uniform:{bits}", [tensor]), count
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    log_numel=st.integers(10, 22),
+    density=st.sampled_from([0.01, 0.06, 0.1, 0.3, 0.5, 0.9, 1.0]),
+    bits=st.sampled_from([1, 4, 8]),
+)
+def test_derived_mask_memory_follows_the_payload_not_the_shape(
+    log_numel: int, density: float, bits: int
+) -> None:
+    payload, count = _mask_frame(1 << log_numel, density, bits)
+    UpdateCodec().decode(_mask_frame(64, 0.5, bits)[0])  # compile the kernels untraced
+    tracemalloc.start()
+    try:
+        UpdateCodec().decode(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Positions (8 B), the sampler's table (< 22 B) per value, and small constants.
+    assert peak < 40 * count + 4 * len(payload) + (1 << 20), (log_numel, density, peak)
