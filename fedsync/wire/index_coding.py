@@ -20,8 +20,9 @@ and is refined to the exact minimiser: the size is convex in ``k`` (the saving f
 downhill from the estimate ends at the global minimum in a few passes.
 
 The size of a coding, as :func:`index_bits_for` reports it, is every bit the tensor's
-positions add to a frame: the coding id and parameter bytes, the varint section
-length and the section, ``8 * (2 + varint_len(nbytes) + nbytes)``.
+positions add to a frame: the section, plus the parameter byte of the codings that
+have one and the varint section length of those whose length does not follow from
+count and numel (the coding's id shares the tensor's head byte with its index mode).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from kernels import bitpack
 from kernels import index_coding as kern
 
 __all__ = [
-    "INDEX_ENTRY_FIXED_BYTES",
+    "CODINGS_WITH_LENGTH",
+    "CODINGS_WITH_PARAM",
     "IndexPlan",
     "as_index_array",
     "choose_index_coding",
@@ -59,8 +61,11 @@ __all__ = [
     "rice_nbytes_bounds",
 ]
 
-INDEX_ENTRY_FIXED_BYTES = 2
-"""Table bytes every explicit index set pays whatever its coding: coding id, parameter."""
+CODINGS_WITH_PARAM: frozenset[str] = frozenset({"elias_fano", "rice"})
+"""Codings whose table entry carries a parameter byte (``L`` or ``k``)."""
+CODINGS_WITH_LENGTH: frozenset[str] = frozenset({"rice"})
+"""Codings whose section length is carried (a varint); the others' follows from
+count, numel and parameter."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,13 @@ class IndexPlan:
 
     @property
     def frame_bits(self) -> int:
-        """Bits these positions add to a frame (table fields plus section)."""
-        return 8 * (INDEX_ENTRY_FIXED_BYTES + varint_len(self.nbytes) + self.nbytes)
+        """Bits these positions add to a frame: the section, plus the parameter byte
+        and section-length varint of the codings that carry them (the coding's id
+        shares the tensor's head byte with its index mode)."""
+        table = (self.coding in CODINGS_WITH_PARAM) + (
+            varint_len(self.nbytes) if self.coding in CODINGS_WITH_LENGTH else 0
+        )
+        return 8 * (table + self.nbytes)
 
 
 def as_index_array(indices: np.ndarray, numel: int, *, label: str = "") -> np.ndarray:
@@ -235,9 +245,8 @@ def index_bits_for(indices: np.ndarray, numel: int) -> dict[str, int]:
     -------
     dict of str to int
         Coding name (``"dense"`` only when every position is kept, ``"bitmap"``,
-        ``"elias_fano"``, ``"rice"``) to the bits it adds to the frame: coding id
-        and parameter bytes, the section-length varint and the section. The frame
-        encoder picks the smallest.
+        ``"elias_fano"``, ``"rice"``) to the bits it adds to the frame (see
+        :attr:`IndexPlan.frame_bits`). The frame encoder picks the smallest.
 
     Examples
     --------

@@ -28,6 +28,8 @@ from fedsync.wire import (
     FrameLimits,
     LimitExceeded,
     PayloadError,
+    SchemaMismatch,
+    SchemaRequired,
     TruncatedPayload,
     decode_frame,
     encode_frame,
@@ -456,3 +458,67 @@ def test_derived_mask_memory_follows_the_payload_not_the_shape(
         tracemalloc.stop()
     # Positions (8 B), the sampler's table (< 22 B) per value, and small constants.
     assert peak < 40 * count + 4 * len(payload) + (1 << 20), (log_numel, density, peak)
+
+
+# --------------------------------------------------------------------------------------
+# Digest-only frames: mutated, decoded against the specs they were made for.
+# --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _digest_corpus() -> tuple[tuple[bytes, tuple[TensorSpec, ...]], ...]:
+    rng = np.random.default_rng(77)
+    out = []
+    groups = [
+        [
+            _tensor(rng, "conv.weight", (8, 3, 3, 3), "explicit", 0.05, 4),
+            _tensor(rng, "conv.bias", (8,), "dense", 1.0, 16, 0),
+            _tensor(rng, "fc.weight", (10, 200), "explicit", 0.01, 8, 2),
+        ],
+        [
+            _tensor(rng, "m", (300,), "mask", 0.2, 5, 1),
+            _tensor(rng, "a", (64,), "explicit", 0.5, 2),
+        ],
+    ]
+    for tensors in groups:
+        specs = tuple(t.spec for t in tensors)
+        out.append((encode_frame("digest", tensors, schema="digest"), specs))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("kind", sorted(MUTATORS))
+def test_mutated_digest_frames_raise_only_payload_error(kind: str) -> None:
+    corpus = _digest_corpus()
+    rng = np.random.default_rng(100 + sorted(MUTATORS).index(kind))
+    mutate = MUTATORS[kind]
+    rejected: dict[str, int] = {}
+    for i in range(2000):
+        frame, specs = corpus[i % len(corpus)]
+        mutated = mutate(rng, frame, corpus[int(rng.integers(0, len(corpus)))][0])
+        for payload in (mutated, reseal(mutated)):
+            try:
+                codec, tensors = decode_frame(payload, expected=specs)
+            except PayloadError as error:
+                rejected[type(error).__name__] = rejected.get(type(error).__name__, 0) + 1
+            except Exception as error:
+                pytest.fail(f"{kind} #{i}: {type(error).__name__} escaped: {error!r}")
+            else:
+                _check_decoded(codec, tensors)
+    assert set(rejected) - {"ChecksumMismatch"}, rejected
+
+
+def test_digest_frames_need_and_check_the_specs() -> None:
+    frame, specs = _digest_corpus()[0]
+    with pytest.raises(SchemaRequired, match="expected="):
+        decode_frame(frame)
+    other = (TensorSpec(specs[0].name, (9, 3, 3, 3)), *specs[1:])
+    with pytest.raises(SchemaMismatch, match="schema digest"):
+        decode_frame(frame, expected=other)
+    with pytest.raises(SchemaMismatch):
+        decode_frame(frame, expected=specs[:-1])
+    # A table frame is checked against expected specs too, and order does not matter.
+    _, tensors = decode_frame(frame, expected=specs[::-1])
+    table = encode_frame("t", tensors)
+    assert decode_frame(table, expected=specs[::-1])[1][0].spec.name == tensors[0].spec.name
+    with pytest.raises(SchemaMismatch, match="shape or dtype"):
+        decode_frame(table, expected=other)
