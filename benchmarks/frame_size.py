@@ -21,7 +21,9 @@ same update with the tensor table in the frame is reported alongside.
 
 A second table gives the index bits per kept position each coding would spend
 (forced for every tensor, as :func:`fedsync.wire.index_bits_for` sizes it), the
-per-tensor choice the frame makes, and ``H(rho) / rho``.
+smallest of them per tensor (``chosen_bits``; the frame itself may skip the context
+coder where its cheap test says no, see the frame table's index column), and
+``H(rho) / rho``.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def index_row(update: dict[str, torch.Tensor], density: float) -> dict[str, Any]
     for tensor in tensors:
         assert tensor.indices is not None
         n = tensor.spec.numel
-        bits = index_bits_for(tensor.indices, n)
+        bits = index_bits_for(tensor.indices, n, shape=tensor.spec.shape)
         for coding, value in bits.items():
             if coding != "dense":
                 totals[coding] = totals.get(coding, 0) + value
@@ -170,7 +172,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append(
         "| model | density | kept | "
         + " | ".join(c.removesuffix("_bits") for c in codings)
-        + " | chosen | H(rho)/rho | chosen / H |"
+        + " | best per tensor | H(rho)/rho | best / H |"
     )
     lines.append("|---|---:|---:|" + "---:|" * (len(codings) + 3))
     for model, rows in results["index"].items():

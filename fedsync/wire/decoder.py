@@ -38,6 +38,8 @@ from fedsync.wire.errors import (
 from fedsync.wire.index_coding import (
     CODINGS_WITH_LENGTH,
     CODINGS_WITH_PARAM,
+    CONTEXT_MAX_NUMEL,
+    CONTEXT_MIN_BYTES,
     decode_indices,
     ef_nbytes,
     max_param,
@@ -251,6 +253,24 @@ def _check_index_section(entry: _Entry) -> None:
             expected=numel,
             got=count,
         )
+    if coding == "context":
+        if numel > CONTEXT_MAX_NUMEL:
+            raise MalformedField(
+                "context coding is for tensors of at most CONTEXT_MAX_NUMEL elements",
+                field="index coding",
+                tensor=label,
+                expected=f"<= {CONTEXT_MAX_NUMEL} elements",
+                got=numel,
+            )
+        if nbytes < CONTEXT_MIN_BYTES:
+            raise MalformedField(
+                "context section shorter than the coder's start",
+                field="index bytes",
+                tensor=label,
+                expected=f">= {CONTEXT_MIN_BYTES}",
+                got=nbytes,
+            )
+        return
     if coding == "rice":
         least, most = rice_nbytes_bounds(count, numel, param)
         if not least <= nbytes <= most:
@@ -426,7 +446,13 @@ def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
     indices = None
     if entry.mode == "explicit":
         indices = decode_indices(
-            section, entry.coding, entry.coding_param, entry.count, entry.spec.numel, tensor=label
+            section,
+            entry.coding,
+            entry.coding_param,
+            entry.count,
+            entry.spec.numel,
+            tensor=label,
+            shape=entry.spec.shape,
         )
     nbits = entry.count * entry.bits
     packed = np.frombuffer(reader.take((nbits + 7) // 8, "codes", label), dtype=np.uint8)
@@ -568,9 +594,20 @@ def _parse_table(
 
     entries: list[_Entry] = []
     total_values = 0
+    context_numel = 0
     for position, spec in enumerate(specs):
         entry = _read_entry(reader, position, spec, formats, limits)
         total_values += entry.count
+        if entry.coding == "context":
+            context_numel += spec.numel
+            if context_numel > limits.max_context_numel:
+                raise LimitExceeded(
+                    "context-coded sections cover more elements than FrameLimits.max_context_numel",
+                    field="index coding",
+                    tensor=entry.label,
+                    expected=f"<= {limits.max_context_numel} in all",
+                    got=f"{context_numel} so far",
+                )
         if total_values > limits.max_total_values:
             raise LimitExceeded(
                 "frame carries more values than FrameLimits.max_total_values",

@@ -35,7 +35,7 @@ from fedsync.wire.layout import (
     TRAILER_BYTES,
     code_dtype,
 )
-from fedsync.wire.limits import MAX_FORMAT_NUMEL
+from fedsync.wire.limits import DEFAULT_LIMITS, MAX_FORMAT_NUMEL
 from fedsync.wire.registry import CODING_CODES, DTYPE_CODES, INDEX_MODE_RULES, SCHEME_CODES
 from fedsync.wire.schema import schema_digest
 from kernels import bitpack
@@ -117,7 +117,9 @@ def _check_spec(spec: TensorSpec, label: str) -> int:
     return numel
 
 
-def _prepare(tensor: CompressedTensor, label: str, index_coding: str | None) -> _Prepared:
+def _prepare(
+    tensor: CompressedTensor, label: str, index_coding: str | None, allow_context: bool
+) -> _Prepared:
     spec = tensor.spec
     numel = _check_spec(spec, label)
     mode = tensor.index_mode
@@ -138,7 +140,13 @@ def _prepare(tensor: CompressedTensor, label: str, index_coding: str | None) -> 
         indices = as_index_array(tensor.indices, numel, label=label)
         if indices.shape[0] != count:
             raise ValueError(f"{label}: {indices.shape[0]} indices but {count} codes")
-        plan = choose_index_coding(indices, numel, coding=index_coding)
+        plan = choose_index_coding(
+            indices,
+            numel,
+            coding=index_coding,
+            shape=tuple(int(d) for d in spec.shape),
+            allow_context=allow_context,
+        )
         section = encode_indices(indices, numel, plan)
         coding, coding_param = plan.coding, plan.param
     else:
@@ -223,9 +231,11 @@ def encode_frame(
     tensors : sequence of CompressedTensor
         The tensors; names must be unique.
     index_coding : str, optional
-        Force one coding (``"dense"``, ``"bitmap"``, ``"elias_fano"``, ``"rice"``) for
-        every explicit index set, e.g. to compare codings; by default each tensor's
-        positions take the smallest (see :func:`fedsync.wire.index_bits_for`).
+        Force one coding (``"dense"``, ``"bitmap"``, ``"elias_fano"``, ``"rice"``,
+        ``"context"``) for every explicit index set, e.g. to compare codings; by
+        default each tensor's positions take the smallest (see
+        :func:`fedsync.wire.index_bits_for`). Context coding stays within
+        ``DEFAULT_LIMITS.max_context_numel`` elements per frame.
     schema : {"table", "digest"}
         ``"table"`` carries every tensor's name, shape and dtype (any receiver can
         decode it; tensors keep their order); ``"digest"`` carries only the 8-byte
@@ -254,12 +264,16 @@ def encode_frame(
         raise ValueError(f"schema must be 'table' or 'digest', got {schema!r}")
     prepared: list[_Prepared] = []
     seen: set[str] = set()
+    context_left = DEFAULT_LIMITS.max_context_numel
     for position, tensor in enumerate(tensors):
         label = f"tensor #{position} {tensor.spec.name!r}"
         if tensor.spec.name in seen:
             raise ValueError(f"{label}: duplicate tensor name")
         seen.add(tensor.spec.name)
-        prepared.append(_prepare(tensor, label, index_coding))
+        numel = math.prod(int(d) for d in tensor.spec.shape)
+        prepared.append(_prepare(tensor, label, index_coding, numel <= context_left))
+        if prepared[-1].coding == "context":
+            context_left -= numel
     if schema == "digest":
         prepared.sort(key=lambda p: p.spec.name)
 

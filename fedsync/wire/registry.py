@@ -91,11 +91,11 @@ INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType(
 INDEX_MODE_NAMES = _inverse(INDEX_MODE_CODES)
 
 # "none" is the only coding of the dense and mask modes (no positions travel); the
-# other four are the candidates of the explicit mode, in tie-break order.
+# others are the candidates of the explicit mode, in tie-break order.
 CODING_CODES: Mapping[str, int] = MappingProxyType(
-    {"none": 0, "dense": 1, "bitmap": 2, "elias_fano": 3, "rice": 4}
+    {"none": 0, "dense": 1, "bitmap": 2, "elias_fano": 3, "rice": 4, "context": 5}
 )
 CODING_NAMES = _inverse(CODING_CODES)
 
-INDEX_CODINGS: tuple[str, ...] = ("dense", "bitmap", "elias_fano", "rice")
+INDEX_CODINGS: tuple[str, ...] = ("dense", "bitmap", "elias_fano", "rice", "context")
 """The codings an explicit index set may travel in; ties go to the earlier one."""

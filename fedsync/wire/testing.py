@@ -97,7 +97,7 @@ class RawTensor:
             out += encode_varint(length)
         if self.coding in (3, 4):
             out += bytes((self.coding_param,))
-        if self.coding == 4:
+        if self.coding in (4, 5):  # Rice and context carry their length
             nbytes = len(self.index) if self.index_nbytes is None else self.index_nbytes
             out += encode_varint(nbytes)
         return bytes(out)

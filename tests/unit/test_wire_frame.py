@@ -22,6 +22,7 @@ from fedsync.wire import (
     inspect_frame,
     schema_digest,
 )
+from fedsync.wire.index_coding import choose_index_coding
 from fedsync.wire.layout import FLAG_TABLE
 from fedsync.wire.registry import DTYPE_CODES, INDEX_CODINGS, SCHEME_CODES
 
@@ -122,7 +123,8 @@ def test_chosen_coding_is_the_smallest_and_sizes_are_exact(tensor: CompressedTen
         return
     assert tensor.indices is not None
     numel = tensor.spec.numel
-    bits = index_bits_for(tensor.indices, numel)
+    shape = tensor.spec.shape
+    bits = index_bits_for(tensor.indices, numel, shape=shape)
     auto = encode_frame("c", [tensor])
     forced = {coding: encode_frame("c", [tensor], index_coding=coding) for coding in bits}
     assert set(bits) <= set(INDEX_CODINGS)
@@ -130,9 +132,13 @@ def test_chosen_coding_is_the_smallest_and_sizes_are_exact(tensor: CompressedTen
     base = min(bits, key=lambda c: (bits[c], INDEX_CODINGS.index(c)))
     for coding, payload in forced.items():
         assert 8 * (len(payload) - len(forced[base])) == bits[coding] - bits[base]
-    assert auto == forced[base]
+    # The encoder's choice is the smallest it tried (context only where it looked
+    # worth trying) and never worse than the codings other than context.
+    choice = choose_index_coding(np.asarray(tensor.indices, np.int64), numel, shape=shape)
+    assert auto == forced[choice.coding]
+    assert bits[choice.coding] <= min(v for c, v in bits.items() if c != "context")
     _, (layout,) = inspect_frame(auto)
-    assert layout.coding == base
+    assert layout.coding == choice.coding
     for payload in forced.values():
         _, got = decode_frame(payload)
         assert_same_tensor(got[0], tensor)

@@ -69,7 +69,7 @@ def _tensor(
 def _corpus() -> tuple[bytes, ...]:
     rng = np.random.default_rng(2024)
     frames = []
-    for coding in ("bitmap", "elias_fano", "rice"):
+    for coding in ("bitmap", "elias_fano", "rice", "context"):
         for density, bits in ((0.01, 3), (0.1, 8), (0.5, 1), (0.03, 17)):
             tensor = _tensor(rng, "w", (40, 50), "explicit", density, bits)
             frames.append(encode_frame("topk", [tensor], index_coding=coding))
