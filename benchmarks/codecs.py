@@ -21,6 +21,11 @@ For each size and density it measures, on the same standard-normal array:
   :func:`fedsync.wire.index_bits_for` sizes it and as the frame's length confirms)
   against the entropy bound ``H(rho) / rho`` for a random support of density ``rho``.
 
+* the index section's share of the codec's time (``index_section_cost``): choosing,
+  encoding and decoding the section with and without the context coder on offer,
+  on the benchmark's support and on a clustered one of the same count
+  (``--index-cost`` runs only this, at 10M values and 1 %).
+
 Throughputs are GB/s of float32 input (``4 * numel / seconds``).
 
 Two clocks (``--clock wall|cpu|both``, default both): ``wall`` is wall time with the

@@ -1,17 +1,28 @@
 """Choosing, sizing, encoding and decoding the positions of one tensor.
 
-An explicit index set travels in one of four codings (see :mod:`kernels.index_coding`
-for the bit layouts). No single one is best across densities, so the encoder computes
-the exact size of each candidate and keeps the smallest:
+An explicit index set travels in one of five codings (see :mod:`kernels.index_coding`
+and :mod:`kernels.context_coding` for the bit layouts). No single one is best across
+densities and supports, so the encoder computes the exact size of each candidate
+and keeps the smallest:
 
 =========== ==================================================== ====================
-coding      section bytes                                        parameter byte
+coding      section bytes                                        table fields
 =========== ==================================================== ====================
-dense       0 (only when every position is kept)                 0
-bitmap      ceil(numel / 8)                                      0
+dense       0 (only when every position is kept)                 --
+bitmap      ceil(numel / 8)                                      --
 elias_fano  ceil(n*L / 8) + ceil((n + ((numel - 1) >> L)) / 8)   L, low bits each
-rice        ceil((n*(k + 1) + sum(g_i >> k)) / 8)                k, Rice parameter
+rice        ceil((n*(k + 1) + sum(g_i >> k)) / 8)                k; section length
+context     what the range coder emits (>= 4)                    section length
 =========== ==================================================== ====================
+
+The context coding (an arithmetic-coded bitmap whose probabilities come from each
+position's neighbours, see :mod:`kernels.context_coding`) is the one that can beat
+``H(rho) / rho``, the bound for a random support, on the clustered supports of real
+updates. It costs a step per element rather than per position, so the encoder tries
+it only on tensors of at most :data:`CONTEXT_MAX_NUMEL` elements whose support an
+``O(count)`` test finds clustered (:data:`CONTEXT_MIN_GAIN`), and the decoder
+bounds the elements it will step through per frame
+(:attr:`~fedsync.wire.FrameLimits.max_context_numel`).
 
 Elias-Fano's ``L`` is the exact minimiser of its closed-form size. Rice's ``k``
 starts from the density (``log2(ln 2 * mean gap)``, the optimum for geometric gaps)

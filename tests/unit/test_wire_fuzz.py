@@ -4,8 +4,12 @@ Thousands of frames derived from valid ones (truncated, bit-flipped, overwritten
 spliced, shuffled; each both as is and *resealed*, i.e. with length and CRC fixed
 up so the parser's deeper checks must catch the fault), plus hand-made hostile
 frames: huge declared sizes (must fail before allocating, checked with
-``tracemalloc``), Rice unary runs that never end. Bounded: a fixed seed and
-count, about 10 s on the 2-core CI box.
+``tracemalloc``), Rice unary runs that never end. The corpus holds context-coded
+sections too (mutations make them decode past their end, leave bytes over, or
+disagree with their count); digest-only frames are mutated and decoded against the
+specs they were made for. Through the codec: codec strings with absurd numbers, and
+seed-derived masks whose memory must follow the payload, not the declared shape.
+Bounded: a fixed seed and count, about 30 s on the 2-core CI box.
 """
 
 from __future__ import annotations
