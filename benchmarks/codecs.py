@@ -21,6 +21,11 @@ For each size and density it measures, on the same standard-normal array:
   :func:`fedsync.wire.index_bits_for` sizes it and as the frame's length confirms)
   against the entropy bound ``H(rho) / rho`` for a random support of density ``rho``.
 
+* the index section's share of the codec's time (``index_section_cost``): choosing,
+  encoding and decoding the section with and without the context coder on offer,
+  on the benchmark's support and on a clustered one of the same count
+  (``--index-cost`` runs only this, at 10M values and 1 %).
+
 Throughputs are GB/s of float32 input (``4 * numel / seconds``).
 
 Two clocks (``--clock wall|cpu|both``, default both): ``wall`` is wall time with the
@@ -60,6 +65,7 @@ from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import encode_frame, index_bits_for
+from fedsync.wire.index_coding import choose_index_coding, decode_indices, encode_indices
 from kernels.dispatch import TorchBackend, registered_backends
 
 RESULTS = Path(__file__).parent / "results" / "codecs.json"
@@ -207,6 +213,77 @@ def index_bits(n: int, density: float, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def _section_round_trip(
+    support: np.ndarray, n: int, shape: tuple[int, ...], **choice: Any
+) -> Callable[[], object]:
+    """Choose, encode and decode one index section (what the frame spends on it)."""
+
+    def run() -> object:
+        plan = choose_index_coding(support, n, shape=shape, **choice)
+        section = np.frombuffer(encode_indices(support, n, plan), dtype=np.uint8)
+        return decode_indices(
+            section, plan.coding, plan.param, len(support), n, tensor="w", shape=shape
+        )
+
+    return run
+
+
+def clustered_support(n: int, k: int, rows: int, seed: int = 0) -> np.ndarray:
+    """``k`` positions of a ``rows x (n // rows)`` tensor, clustered like a real top-k
+    support (hot rows and columns), for timing the context coder where it runs."""
+    rng = np.random.default_rng(seed)
+    width = n // rows
+    row_weight = rng.pareto(1.5, rows) + 0.05
+    col_weight = rng.pareto(1.5, width) + 0.05
+    score = np.outer(row_weight, col_weight).reshape(-1) * rng.exponential(1.0, rows * width)
+    return np.sort(np.argpartition(score, -k)[-k:]).astype(np.int64)
+
+
+def index_section_cost(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]:
+    """What the context-coded section adds to the codec's time, measured side by side.
+
+    ``codec`` is ``topk:<density>+uniform:8`` encode plus decode of the benchmark's
+    standard-normal array; ``auto`` / ``without_context`` choose, encode and decode its
+    index section with and without the context coder on offer (it is skipped there:
+    the support is not clustered); ``context`` / ``rice`` do the same on a clustered
+    support of the same count, where the context coder runs.
+    """
+    g = torch.Generator().manual_seed(n)
+    update = {"w": torch.randn(n, generator=g)}
+    codec = UpdateCodec(f"topk:{density}+uniform:8")
+    payload = codec.encode(update, seed=0)
+    decoder = UpdateCodec()
+    support = decoder.decode(payload)["w"].indices.numpy()
+    rows = 2500 if n % 2500 == 0 else 1
+    shape = (rows, n // rows)
+    clustered = clustered_support(n, len(support), rows)
+    methods: dict[str, Callable[[], Any]] = {
+        "codec_encode": _encoder(codec, update),
+        "codec_decode": _decoder(decoder, payload),
+        "auto": _section_round_trip(support, n, shape),
+        "without_context": _section_round_trip(support, n, shape, allow_context=False),
+        "clustered_context": _section_round_trip(clustered, n, shape, coding="context"),
+        "clustered_rice": _section_round_trip(clustered, n, shape, coding="rice"),
+    }
+    seconds, best = timed(methods, reps, warmup)
+    codec_s = seconds["codec_encode"] + seconds["codec_decode"]
+    bits = index_bits_for(clustered, n, shape=shape)
+    return {
+        "numel": n,
+        "density": density,
+        "k": len(support),
+        "shape": list(shape),
+        "ms": {name: 1e3 * value for name, value in seconds.items()},
+        "best_ms": {name: 1e3 * value for name, value in best.items()},
+        "random_support_added_of_codec": (seconds["auto"] - seconds["without_context"]) / codec_s,
+        "clustered_context_added_of_codec": (
+            seconds["clustered_context"] - seconds["clustered_rice"]
+        )
+        / codec_s,
+        "clustered_bits_per_position": {name: b / len(clustered) for name, b in bits.items()},
+    }
+
+
 def _encoder(codec: UpdateCodec, update: dict[str, torch.Tensor]) -> Callable[[], bytes]:
     return lambda: codec.encode(update, seed=0)
 
@@ -297,6 +374,7 @@ def bench_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]
             if name.startswith("decode")
         },
         "index_bits": index_bits(n, density),
+        "index_section_cost": index_section_cost(n, density, max(3, case_reps // 2), warmup),
     }
 
 
@@ -445,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--note", default="", help="free text stored in the JSON")
     parser.add_argument(
+        "--index-cost",
+        action="store_true",
+        help="only the index-section cost at 10M values and 1 %% (index_section_cost), "
+        "both clocks, to results/index_cost.json",
+    )
+    parser.add_argument(
         "--cache",
         choices=["cold", "warm"],
         default="cold",
@@ -455,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     GATE_SECONDS = args.gate
     CACHE = args.cache
 
+    if args.index_cost:
+        return _index_cost_only(args.reps or 9, args.out)
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     reps = args.reps or (5 if args.quick else 11)
     warmup = 1 if args.quick else 2
@@ -475,6 +561,33 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _index_cost_only(reps: int, out: Path | None) -> int:
+    """``--index-cost``: :func:`index_section_cost` at 10M and 1 % under both clocks."""
+    global CLOCK
+    report: dict[str, Any] = {"benchmark": "codecs --index-cost", "runs": {}}
+    for clock in ("wall", "cpu"):
+        threads = numba.get_num_threads(), torch.get_num_threads()
+        if clock == "cpu":
+            numba.set_num_threads(1)
+            torch.set_num_threads(1)
+            CLOCK = time.thread_time
+        try:
+            info = machine()
+            result = index_section_cost(10_000_000, 0.01, reps, 1)
+            info["load_average_end"] = os.getloadavg()
+        finally:
+            numba.set_num_threads(threads[0])
+            torch.set_num_threads(threads[1])
+            CLOCK = time.perf_counter
+        report["runs"][clock] = {"machine": info, "result": result}
+        print(f"== clock: {clock} ==")
+        print(json.dumps(result, indent=2))
+    path = out if out is not None else RESULTS.parent / "index_cost.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

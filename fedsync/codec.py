@@ -46,7 +46,15 @@ from fedsync.compression.seeding import derive_seed
 from fedsync.compression.sparsifiers.mask import MaskConfig, mask_digest
 from fedsync.compression.spec import PipelineConfig, parse_spec
 from fedsync.updates import CompressedTensor, SparseUpdate, TensorSpec
-from fedsync.wire import DEFAULT_LIMITS, FrameLimits, PayloadError, decode_frame, encode_frame
+from fedsync.wire import (
+    DEFAULT_LIMITS,
+    FrameLimits,
+    PayloadError,
+    SchemaMismatch,
+    decode_frame,
+    encode_frame,
+)
+from fedsync.wire.schema import schema_digest
 
 __all__ = [
     "CodecMismatch",
@@ -237,6 +245,14 @@ class UpdateCodec:
         Bounds the decoder enforces before allocating anything.
     state : CodecState, optional
         Sender memory to share (``with_density`` copies pass theirs); fresh by default.
+    specs : mapping of str to TensorSpec, optional
+        The model's tensors (:func:`specs_of`), known to both ends. The sender then
+        writes frames that carry only an 8-byte digest of them instead of the tensor
+        table (see :mod:`fedsync.wire.schema`), and :meth:`decode` checks frames
+        against them when it is given no ``expected``.
+    schema : {"digest", "table"}, optional
+        Override what :meth:`encode` writes: ``"table"`` for a receiver that does not
+        know the model. Default: ``"digest"`` when ``specs`` is given, else ``"table"``.
 
     Raises
     ------
@@ -257,6 +273,8 @@ class UpdateCodec:
         masks: Mapping[str, torch.Tensor] | None = None,
         limits: FrameLimits = DEFAULT_LIMITS,
         state: CodecState | None = None,
+        specs: Mapping[str, TensorSpec] | None = None,
+        schema: str | None = None,
     ) -> None:
         if isinstance(spec, str):
             config = parse_spec(spec)
@@ -268,6 +286,15 @@ class UpdateCodec:
             raise ValueError(f"seed must be an int, got {seed!r}")
         if not isinstance(limits, FrameLimits):
             raise ValueError(f"limits must be a FrameLimits, got {type(limits).__name__}")
+        if schema is None:
+            schema = "digest" if specs is not None else "table"
+        if schema not in ("digest", "table") or (schema == "digest" and specs is None):
+            raise ValueError(
+                f"schema must be 'table', or 'digest' with specs= given; got {schema!r}"
+            )
+        self._specs = dict(specs) if specs is not None else None
+        self._schema = schema
+        self._digest = schema_digest(self._specs) if self._specs is not None else None
         self._config = _complete(config, masks)
         self._spec = self._config.to_spec()
         self._masks = masks
@@ -324,7 +351,13 @@ class UpdateCodec:
 
     def _derived(self, config: PipelineConfig) -> UpdateCodec:
         twin = UpdateCodec(
-            config, seed=self.seed, masks=self._masks, limits=self.limits, state=self.state
+            config,
+            seed=self.seed,
+            masks=self._masks,
+            limits=self.limits,
+            state=self.state,
+            specs=self._specs,
+            schema=self._schema,
         )
         twin._stats = self._stats  # running totals count the copies' encodes too
         return twin
@@ -346,7 +379,8 @@ class UpdateCodec:
         NonFiniteInputError
             If a value that would be sent is NaN or Inf.
         ValueError, TypeError
-            For non-float tensors or a model that changed under error feedback.
+            For non-float tensors, a model that changed under error feedback, or an
+            update whose tensors are not the codec's ``specs``.
         """
         call_seed = seed if seed is not None else derive_seed(self.seed, "step", self.state.step)
         tensors: list[CompressedTensor] = []
@@ -355,7 +389,11 @@ class UpdateCodec:
             spec, flat = flatten(name, tensor)
             tensors.append(self._compressor.compress(spec, flat, call_seed).tensor)
             numel += spec.numel
-        payload = encode_frame(self._spec, tensors)
+        if self._digest is not None and schema_digest([t.spec for t in tensors]) != self._digest:
+            raise ValueError(
+                "the update's tensors (names, shapes, dtypes) are not the codec's specs="
+            )
+        payload = encode_frame(self._spec, tensors, schema=self._schema)
         self.state.step += 1
         totals = self._stats.stats
         self._stats.stats = CompressionStats(
@@ -412,8 +450,10 @@ class UpdateCodec:
         payload : bytes-like or uint8 array
             A frame from :meth:`encode` (of any codec spec).
         expected : mapping of str to TensorSpec, optional
-            The model's tensors (see :func:`specs_of`); when given, the frame must hold
-            exactly these names with these shapes and dtypes.
+            The model's tensors (see :func:`specs_of`); default: the codec's
+            ``specs``. When known, the frame must hold exactly these names with these
+            shapes and dtypes; a frame that carries only its schema digest needs
+            them (:class:`~fedsync.wire.SchemaRequired` otherwise).
         device : torch.device or str
             Where the decoded indices and values go.
 
@@ -421,35 +461,18 @@ class UpdateCodec:
         ------
         PayloadError
             Any fault, as a subclass naming it: the wire's errors for a broken frame,
-            :class:`UnknownCodec`, :class:`CodecMismatch`, :class:`UpdateMismatch`,
-            :class:`NonFiniteUpdate` for a well-formed frame that is still wrong.
+            :class:`UnknownCodec`, :class:`CodecMismatch`, :class:`UpdateMismatch`
+            (the frame's schema is not ``expected``), :class:`NonFiniteUpdate` for a
+            well-formed frame that is still wrong; :class:`~fedsync.wire.SchemaRequired`
+            for a digest-only frame with no specs to resolve it.
         """
-        codec, tensors = decode_frame(payload, limits=self.limits)
-        pipeline = self._decoder(codec)
-        if expected is not None:
-            _check_expected(tensors, expected)
-        return pipeline.decompress_update(tensors, device)
-
-
-def _check_expected(tensors: list[CompressedTensor], expected: Mapping[str, TensorSpec]) -> None:
-    names = [t.spec.name for t in tensors]
-    missing = sorted(set(expected) - set(names))
-    extra = sorted(set(names) - set(expected))
-    if missing or extra:
-        raise UpdateMismatch(
-            "the frame's tensors are not the expected model's",
-            field="tensor table",
-            expected=f"also {missing}" if missing else "no others",
-            got=f"unexpected {extra}" if extra else "some missing",
-        )
-    for tensor in tensors:
-        want = expected[tensor.spec.name]
-        got = tensor.spec
-        if tuple(want.shape) != got.shape or want.dtype != got.dtype:
+        if expected is None:
+            expected = self._specs
+        try:
+            codec, tensors = decode_frame(payload, limits=self.limits, expected=expected)
+        except SchemaMismatch as exc:
             raise UpdateMismatch(
-                "shape or dtype differs from the expected model's",
-                field="tensor table",
-                tensor=repr(got.name),
-                expected=f"{tuple(want.shape)} {want.dtype}",
-                got=f"{got.shape} {got.dtype}",
-            )
+                exc.problem, field=exc.field, tensor=exc.tensor, expected=exc.expected, got=exc.got
+            ) from exc
+        pipeline = self._decoder(codec)
+        return pipeline.decompress_update(tensors, device)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from fedsync.compression.base import Quantizer, Sparsifier
 
 __all__ = [
+    "MAX_STAGE_INT",
     "STAGE_ORDER",
     "BuildContext",
     "QuantizerConfig",
@@ -38,6 +39,10 @@ __all__ = [
     "format_stage",
     "stage_fields",
 ]
+
+MAX_STAGE_INT = (1 << 63) - 1
+"""Largest magnitude of an integer stage field: the kernels take them as int64, so
+the spec parser and the configs reject anything wider before it reaches one."""
 
 StageKind = Literal["sparsifier", "quantizer", "feedback"]
 """The three slots of a pipeline, in the order a spec lists them."""
@@ -55,14 +60,23 @@ def check_range(
     lo_open: bool = False,
     hi_open: bool = False,
 ) -> None:
-    """Raise :class:`SpecError` unless ``lo <(=) value <(=) hi`` (and finite)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """Raise :class:`SpecError` unless ``lo <(=) value <(=) hi`` (and finite).
+
+    Ints are compared exactly (never converted to float), so an absurdly large one
+    is out of range rather than an :class:`OverflowError`.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value)
     if ok:
         ok = (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
     if not ok:
         left = "(" if lo_open else "["
         right = ")" if hi_open else "]"
-        raise SpecError(f"{stage}: {key} must be in {left}{lo:g}, {hi:g}{right}, got {value!r}")
+        shown = repr(value)
+        if len(shown) > 40:
+            shown = f"{shown[:20]}...({len(shown)} characters)"
+        raise SpecError(f"{stage}: {key} must be in {left}{lo:g}, {hi:g}{right}, got {shown}")
 
 
 def check_density(stage: str, density: float) -> None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedsync.compression.config import (
+    MAX_STAGE_INT,
     STAGE_ORDER,
     QuantizerConfig,
     SparsifierConfig,
@@ -77,7 +78,15 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
                 return low in _TRUE
             raise ValueError
         if annotation is int:
-            return int(text)
+            # Digits are bounded before converting: a 64-bit int has at most 19.
+            number = int(text) if len(text.lstrip("+-")) <= 19 else None
+            if number is None or not -MAX_STAGE_INT - 1 <= number <= MAX_STAGE_INT:
+                shown = f"{text[:20]!r}{'...' if len(text) > 20 else ''}"
+                raise SpecError(
+                    f"{stage}: {key} must be an int of at most 64 bits, got {shown} "
+                    f"({len(text)} characters)"
+                )
+            return number
         if annotation is float:
             value = float(text)
             if not math.isfinite(value):
@@ -85,6 +94,8 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
             return value
         if annotation is str:
             return text.lower()
+    except SpecError:
+        raise
     except ValueError:
         pass
     kind = getattr(annotation, "__name__", str(annotation))

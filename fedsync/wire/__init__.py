@@ -8,6 +8,7 @@ fault raises a :class:`PayloadError` subclass that names it.
 Modules, one job each: :mod:`~fedsync.wire.layout` (the byte layout, documented
 field by field), :mod:`~fedsync.wire.encoder` and :mod:`~fedsync.wire.decoder`,
 :mod:`~fedsync.wire.index_coding` (choosing and coding positions),
+:mod:`~fedsync.wire.schema` (the model digest a frame carries instead of its table),
 :mod:`~fedsync.wire.buffer` (varints, bounded reads), :mod:`~fedsync.wire.registry`
 (the one-byte codes), :mod:`~fedsync.wire.limits`, :mod:`~fedsync.wire.errors`, and
 :mod:`~fedsync.wire.testing` (building broken frames on purpose).
@@ -21,6 +22,8 @@ from fedsync.wire.errors import (
     LimitExceeded,
     MalformedField,
     PayloadError,
+    SchemaMismatch,
+    SchemaRequired,
     TrailingBytes,
     TruncatedPayload,
     UnknownCode,
@@ -37,6 +40,7 @@ from fedsync.wire.frame import (
 )
 from fedsync.wire.index_coding import index_bits_for
 from fedsync.wire.limits import DEFAULT_LIMITS, FrameLimits
+from fedsync.wire.schema import schema_digest
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -50,6 +54,8 @@ __all__ = [
     "LimitExceeded",
     "MalformedField",
     "PayloadError",
+    "SchemaMismatch",
+    "SchemaRequired",
     "TensorLayout",
     "TrailingBytes",
     "TruncatedPayload",
@@ -60,4 +66,5 @@ __all__ = [
     "encode_frame",
     "index_bits_for",
     "inspect_frame",
+    "schema_digest",
 ]

@@ -1,10 +1,12 @@
 """Decoding a frame, trusting nothing.
 
 Order of checks: the payload size against the limits, magic, version, declared
-length, CRC-32; then the whole table, field by field, each count against the limits
-and against the tensor's shape; then that the data part has exactly the bytes the
-table implies. Only then are sections decoded, by kernels whose every read and
-write the table checks have already put in range. Any fault raises a
+length, CRC-32; then the schema (the digest against the receiver's specs, or the
+tensor table, each count against the limits); then the format table and every
+tensor entry, field by field, each count against the limits and the tensor's
+shape; then that the data part has exactly the bytes the table implies. Only then
+are sections decoded, by kernels whose every read and write the table checks have
+already put in range. Any fault raises a
 :class:`~fedsync.wire.PayloadError` subclass naming it. The byte layout is
 documented in :mod:`fedsync.wire.layout`.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,13 +28,25 @@ from fedsync.wire.errors import (
     CountMismatch,
     LimitExceeded,
     MalformedField,
+    SchemaMismatch,
+    SchemaRequired,
     TrailingBytes,
     TruncatedPayload,
     UnknownCode,
     UnsupportedVersion,
 )
-from fedsync.wire.index_coding import decode_indices, ef_nbytes, max_param, rice_nbytes_bounds
+from fedsync.wire.index_coding import (
+    CODINGS_WITH_LENGTH,
+    CODINGS_WITH_PARAM,
+    CONTEXT_MAX_NUMEL,
+    CONTEXT_MIN_BYTES,
+    decode_indices,
+    ef_nbytes,
+    max_param,
+    rice_nbytes_bounds,
+)
 from fedsync.wire.layout import (
+    FLAG_TABLE,
     FORMAT_VERSION,
     HEADER,
     HEADER_BYTES,
@@ -48,8 +62,10 @@ from fedsync.wire.registry import (
     CODING_NAMES,
     DTYPE_NAMES,
     INDEX_MODE_NAMES,
+    INDEX_MODE_RULES,
     SCHEME_NAMES,
 )
+from fedsync.wire.schema import DIGEST_BYTES, as_spec_list, canonical, schema_digest
 from kernels import bitpack
 
 __all__ = ["TensorLayout", "decode_frame", "inspect_frame"]
@@ -127,15 +143,8 @@ def _read_shape(reader: Reader, label: str, limits: FrameLimits) -> tuple[int, .
 
 def _check_count(entry: _Entry) -> None:
     numel = entry.spec.numel
-    if entry.mode == "dense" and entry.count != numel:
-        raise CountMismatch(
-            "dense index mode needs one value per element",
-            field="value count",
-            tensor=entry.label,
-            expected=numel,
-            got=entry.count,
-        )
-    if entry.count > numel:
+    rule = INDEX_MODE_RULES[entry.mode]
+    if rule.count == "at_most_numel" and entry.count > numel:
         raise CountMismatch(
             "more values than the tensor has elements",
             field="value count",
@@ -145,43 +154,82 @@ def _check_count(entry: _Entry) -> None:
         )
 
 
-def _read_params(reader: Reader, entry: _Entry, limits: FrameLimits) -> None:
-    label = entry.label
-    n_params = reader.varint("param count", label)
-    if n_params > limits.max_params:
-        raise LimitExceeded(
-            "too many params (FrameLimits.max_params)",
-            field="param count",
-            tensor=label,
-            expected=f"<= {limits.max_params}",
-            got=n_params,
+@dataclass(frozen=True)
+class _Format:
+    """One entry of the frame's format table."""
+
+    scheme: str
+    bits: int
+    params: list[tuple[str, int | None]]
+    """Param names with their fixed float count (``None``: given per tensor)."""
+
+
+def _read_formats(reader: Reader, n_tensors: int, limits: FrameLimits) -> list[_Format]:
+    n_formats = reader.varint("format count")
+    if n_formats > n_tensors:
+        raise MalformedField(
+            "more formats than tensors",
+            field="format count",
+            expected=f"<= {n_tensors}",
+            got=n_formats,
         )
-    for i in range(n_params):
-        name = reader.text(f"param[{i}] name", limits.max_name_length, "max_name_length", label)
-        if any(name == seen for seen, _ in entry.params):
+    formats = []
+    for i in range(n_formats):
+        where = f"format #{i}"
+        scheme = _enum(reader, SCHEME_NAMES, "scheme", where)
+        bits = reader.u8("bits", where)
+        if not 1 <= bits <= MAX_BITS:
             raise MalformedField(
-                f"duplicate param name {name!r}", field=f"param[{i}] name", tensor=label
+                "bits per code out of range",
+                field="bits",
+                tensor=where,
+                expected=f"1..{MAX_BITS}",
+                got=bits,
             )
-        length = reader.varint(f"param {name!r} length", label)
-        # Cheap early bound (the exact data size is checked after the table): the
-        # floats must fit in what is left of the frame.
-        if 4 * length > reader.remaining:
-            raise TruncatedPayload(
-                "param is larger than the rest of the frame",
-                field=f"param {name!r} length",
-                tensor=label,
-                expected=f"<= {reader.remaining // 4} floats",
-                got=length,
+        n_params = reader.varint("param count", where)
+        if n_params > limits.max_params:
+            raise LimitExceeded(
+                "too many params (FrameLimits.max_params)",
+                field="param count",
+                tensor=where,
+                expected=f"<= {limits.max_params}",
+                got=n_params,
             )
-        entry.params.append((name, length))
+        params: list[tuple[str, int | None]] = []
+        for j in range(n_params):
+            name = reader.text(f"param[{j}] name", limits.max_name_length, "max_name_length", where)
+            if any(name == seen for seen, _ in params):
+                raise MalformedField(
+                    f"duplicate param name {name!r}", field=f"param[{j}] name", tensor=where
+                )
+            fixed = reader.varint(f"param {name!r} length", where)
+            length = None if fixed == 0 else fixed - 1
+            if length is not None:
+                _check_param_length(reader, length, name, where)
+            params.append((name, length))
+        formats.append(_Format(scheme, bits, params))
+    return formats
+
+
+def _check_param_length(reader: Reader, length: int, name: str, label: str) -> None:
+    # Cheap early bound (the exact data size is checked after the table): the
+    # floats must fit in what is left of the frame.
+    if 4 * length > reader.remaining:
+        raise TruncatedPayload(
+            "param is larger than the rest of the frame",
+            field=f"param {name!r} length",
+            tensor=label,
+            expected=f"<= {reader.remaining // 4} floats",
+            got=length,
+        )
 
 
 def _check_index_section(entry: _Entry) -> None:
     """Check the coding fits the mode and the section length fits coding, count, numel."""
     label, coding, param, nbytes = entry.label, entry.coding, entry.coding_param, entry.index_nbytes
     count, numel = entry.count, entry.spec.numel
-    if (entry.mode == "explicit") == (coding == "none"):
-        allowed = "a position coding" if entry.mode == "explicit" else "'none'"
+    if INDEX_MODE_RULES[entry.mode].positions == (coding == "none"):
+        allowed = "a position coding" if coding == "none" else "'none'"
         raise MalformedField(
             f"index mode {entry.mode!r} needs {allowed}",
             field="index coding",
@@ -189,16 +237,7 @@ def _check_index_section(entry: _Entry) -> None:
             expected=allowed,
             got=repr(coding),
         )
-    if coding in ("none", "dense", "bitmap"):
-        if param != 0:
-            raise MalformedField(
-                f"coding {coding!r} has no parameter",
-                field="coding param",
-                tensor=label,
-                expected=0,
-                got=param,
-            )
-    elif param > max_param(numel):
+    if coding in CODINGS_WITH_PARAM and param > max_param(numel):
         raise MalformedField(
             f"{coding} parameter larger than bit_length(numel - 1)",
             field="coding param",
@@ -214,6 +253,24 @@ def _check_index_section(entry: _Entry) -> None:
             expected=numel,
             got=count,
         )
+    if coding == "context":
+        if numel > CONTEXT_MAX_NUMEL:
+            raise MalformedField(
+                "context coding is for tensors of at most CONTEXT_MAX_NUMEL elements",
+                field="index coding",
+                tensor=label,
+                expected=f"<= {CONTEXT_MAX_NUMEL} elements",
+                got=numel,
+            )
+        if nbytes < CONTEXT_MIN_BYTES:
+            raise MalformedField(
+                "context section shorter than the coder's start",
+                field="index bytes",
+                tensor=label,
+                expected=f">= {CONTEXT_MIN_BYTES}",
+                got=nbytes,
+            )
+        return
     if coding == "rice":
         least, most = rice_nbytes_bounds(count, numel, param)
         if not least <= nbytes <= most:
@@ -241,32 +298,68 @@ def _check_index_section(entry: _Entry) -> None:
         )
 
 
-def _read_entry(reader: Reader, position: int, limits: FrameLimits) -> _Entry:
-    where = f"#{position}"
-    name = reader.text("name", limits.max_name_length, "max_name_length", where)
-    label = f"#{position} {name!r}"
-    dtype = _enum(reader, DTYPE_NAMES, "dtype", label)
-    shape = _read_shape(reader, label, limits)
-    mode = _enum(reader, INDEX_MODE_NAMES, "index mode", label)
-    count = reader.varint("value count", label)
-    scheme = _enum(reader, SCHEME_NAMES, "scheme", label)
-    bits = reader.u8("bits", label)
-    if not 1 <= bits <= MAX_BITS:
-        raise MalformedField(
-            "bits per code out of range",
-            field="bits",
+def _read_entry(
+    reader: Reader, position: int, spec: TensorSpec, formats: list[_Format], limits: FrameLimits
+) -> _Entry:
+    label = f"#{position} {spec.name!r}"
+    head = reader.u8("head", label)
+    mode = INDEX_MODE_NAMES.get(head >> 4)
+    if mode is None:
+        raise UnknownCode(
+            "unknown index mode code",
+            field="index mode",
             tensor=label,
-            expected=f"1..{MAX_BITS}",
-            got=bits,
+            expected=f"one of {sorted(INDEX_MODE_NAMES)}",
+            got=head >> 4,
         )
-    entry = _Entry(label, TensorSpec(name, shape, dtype), mode, count, scheme, bits)
+    coding = CODING_NAMES.get(head & 0x0F)
+    if coding is None:
+        raise UnknownCode(
+            "unknown index coding code",
+            field="index coding",
+            tensor=label,
+            expected=f"one of {sorted(CODING_NAMES)}",
+            got=head & 0x0F,
+        )
+    if not formats:
+        raise MalformedField("a tensor but no value format", field="format count", tensor=label)
+    which = reader.varint("format", label) if len(formats) > 1 else 0
+    if which >= len(formats):
+        raise MalformedField(
+            "format index out of range",
+            field="format",
+            tensor=label,
+            expected=f"< {len(formats)}",
+            got=which,
+        )
+    fmt = formats[which]
+    rule = INDEX_MODE_RULES[mode]
+    count = spec.numel if rule.count == "numel" else reader.varint("value count", label)
+    entry = _Entry(label, spec, mode, count, fmt.scheme, fmt.bits, coding=coding)
     _check_count(entry)
-    _read_params(reader, entry, limits)
-    entry.coding = _enum(reader, CODING_NAMES, "index coding", label)
-    entry.coding_param = reader.u8("coding param", label)
-    entry.index_nbytes = reader.varint("index bytes", label)
+    for name, fixed in fmt.params:
+        length = fixed
+        if length is None:
+            length = reader.varint(f"param {name!r} length", label)
+            _check_param_length(reader, length, name, label)
+        entry.params.append((name, length))
+    if coding in CODINGS_WITH_PARAM:
+        entry.coding_param = reader.u8("coding param", label)
+    if coding in CODINGS_WITH_LENGTH:
+        entry.index_nbytes = reader.varint("index bytes", label)
+    else:
+        entry.index_nbytes = _implied_nbytes(entry)
     _check_index_section(entry)
     return entry
+
+
+def _implied_nbytes(entry: _Entry) -> int:
+    """Section size of a coding whose length is not carried (checked parameter first)."""
+    if entry.coding == "bitmap":
+        return (entry.spec.numel + 7) // 8
+    if entry.coding == "elias_fano" and entry.coding_param <= max_param(entry.spec.numel):
+        return ef_nbytes(entry.count, entry.spec.numel, entry.coding_param)
+    return 0
 
 
 def _as_view(payload: bytes | bytearray | memoryview | np.ndarray) -> memoryview:
@@ -281,8 +374,9 @@ def _as_view(payload: bytes | bytearray | memoryview | np.ndarray) -> memoryview
     return view.cast("B")
 
 
-def _check_envelope(view: memoryview, limits: FrameLimits) -> None:
-    """Size, magic, version, declared length and checksum: cheap checks first."""
+def _check_envelope(view: memoryview, limits: FrameLimits) -> bool:
+    """Size, magic, version, declared length and checksum: cheap checks first.
+    Returns whether the tensor table travels."""
     size = len(view)
     if size > limits.max_payload_bytes:
         raise LimitExceeded(
@@ -332,10 +426,14 @@ def _check_envelope(view: memoryview, limits: FrameLimits) -> None:
             expected=f"{actual:#010x}",
             got=f"{stored:#010x}",
         )
-    if flags != 0:
+    if flags & ~FLAG_TABLE:
         raise MalformedField(
-            "reserved flags must be 0 in version 1", field="flags", expected=0, got=flags
+            "reserved flag bits must be 0 in version 2",
+            field="flags",
+            expected=f"only {FLAG_TABLE:#04x}",
+            got=f"{flags:#04x}",
         )
+    return bool(flags & FLAG_TABLE)
 
 
 def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
@@ -348,7 +446,13 @@ def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
     indices = None
     if entry.mode == "explicit":
         indices = decode_indices(
-            section, entry.coding, entry.coding_param, entry.count, entry.spec.numel, tensor=label
+            section,
+            entry.coding,
+            entry.coding_param,
+            entry.count,
+            entry.spec.numel,
+            tensor=label,
+            shape=entry.spec.shape,
         )
     nbits = entry.count * entry.bits
     packed = np.frombuffer(reader.take((nbits + 7) // 8, "codes", label), dtype=np.uint8)
@@ -397,15 +501,7 @@ class TensorLayout:
     params_nbytes: int
 
 
-def _parse_table(
-    payload: bytes | bytearray | memoryview | np.ndarray, limits: FrameLimits
-) -> tuple[str, list[_Entry], Reader]:
-    """Check the envelope and the whole table; return a reader at the data part,
-    which is known to have exactly the bytes the table implies."""
-    view = _as_view(payload)
-    _check_envelope(view, limits)
-    reader = Reader(view, HEADER_BYTES, len(view) - TRAILER_BYTES)
-    codec = reader.text("codec", limits.max_codec_length, "max_codec_length")
+def _read_table(reader: Reader, limits: FrameLimits) -> list[TensorSpec]:
     n_tensors = reader.varint("tensor count")
     if n_tensors > limits.max_tensors:
         raise LimitExceeded(
@@ -414,16 +510,104 @@ def _parse_table(
             expected=f"<= {limits.max_tensors}",
             got=n_tensors,
         )
+    specs: list[TensorSpec] = []
+    names: set[str] = set()
+    for position in range(n_tensors):
+        where = f"#{position}"
+        name = reader.text("name", limits.max_name_length, "max_name_length", where)
+        label = f"#{position} {name!r}"
+        if name in names:
+            raise MalformedField("duplicate tensor name", field="name", tensor=label)
+        names.add(name)
+        dtype = _enum(reader, DTYPE_NAMES, "dtype", label)
+        specs.append(TensorSpec(name, _read_shape(reader, label, limits), dtype))
+    return specs
+
+
+def _schema_mismatch(got: list[TensorSpec], want: list[TensorSpec]) -> SchemaMismatch:
+    """Say how a frame's tensors differ from the expected ones."""
+    got_by, want_by = {s.name: s for s in got}, {s.name: s for s in want}
+    missing = sorted(set(want_by) - set(got_by))
+    extra = sorted(set(got_by) - set(want_by))
+    if missing or extra:
+        return SchemaMismatch(
+            "the frame's tensors are not the expected model's",
+            field="tensor table",
+            expected=f"also {missing}" if missing else "no others",
+            got=f"unexpected {extra}" if extra else "some missing",
+        )
+    for name, spec in got_by.items():
+        other = want_by[name]
+        if tuple(other.shape) != spec.shape or other.dtype != spec.dtype:
+            return SchemaMismatch(
+                "shape or dtype differs from the expected model's",
+                field="tensor table",
+                tensor=repr(name),
+                expected=f"{tuple(other.shape)} {other.dtype}",
+                got=f"{spec.shape} {spec.dtype}",
+            )
+    return SchemaMismatch("the frame's tensors are not the expected model's", field="schema")
+
+
+def _read_schema(
+    reader: Reader, table: bool, expected: list[TensorSpec] | None, limits: FrameLimits
+) -> list[TensorSpec]:
+    if table:
+        specs = _read_table(reader, limits)
+        if expected is not None and schema_digest(specs) != schema_digest(expected):
+            raise _schema_mismatch(specs, expected)
+        return specs
+    digest = bytes(reader.take(DIGEST_BYTES, "schema digest"))
+    if expected is None:
+        raise SchemaRequired(
+            "the frame carries only its schema digest; decode it with expected= (the "
+            "model's tensor specs) or have the sender include the table",
+            field="schema digest",
+            got=digest.hex(),
+        )
+    want = schema_digest(expected)
+    if digest != want:
+        raise SchemaMismatch(
+            "schema digest differs from the expected model's (another model, or "
+            "another version of it)",
+            field="schema digest",
+            expected=want.hex(),
+            got=digest.hex(),
+        )
+    return canonical(expected)
+
+
+def _parse_table(
+    payload: bytes | bytearray | memoryview | np.ndarray,
+    limits: FrameLimits,
+    expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
+) -> tuple[str, list[_Entry], Reader]:
+    """Check the envelope, the schema and the whole table; return a reader at the
+    data part, which is known to have exactly the bytes the table implies."""
+    view = _as_view(payload)
+    table = _check_envelope(view, limits)
+    reader = Reader(view, HEADER_BYTES, len(view) - TRAILER_BYTES)
+    codec = reader.text("codec", limits.max_codec_length, "max_codec_length")
+    want = as_spec_list(expected) if expected is not None else None
+    specs = _read_schema(reader, table, want, limits)
+    formats = _read_formats(reader, len(specs), limits)
 
     entries: list[_Entry] = []
-    names: set[str] = set()
     total_values = 0
-    for position in range(n_tensors):
-        entry = _read_entry(reader, position, limits)
-        if entry.spec.name in names:
-            raise MalformedField("duplicate tensor name", field="name", tensor=entry.label)
-        names.add(entry.spec.name)
+    context_numel = 0
+    for position, spec in enumerate(specs):
+        entry = _read_entry(reader, position, spec, formats, limits)
         total_values += entry.count
+        if entry.coding == "context":
+            context_numel += spec.numel
+            if context_numel > limits.max_context_numel:
+                raise LimitExceeded(
+                    "context-coded sections cover more elements than FrameLimits.max_context_numel",
+                    field="index coding",
+                    tensor=entry.label,
+                    expected=f"<= {limits.max_context_numel} in all",
+                    got=f"{context_numel} so far",
+                )
         if total_values > limits.max_total_values:
             raise LimitExceeded(
                 "frame carries more values than FrameLimits.max_total_values",
@@ -453,7 +637,10 @@ def _parse_table(
 
 
 def decode_frame(
-    payload: bytes | bytearray | memoryview | np.ndarray, *, limits: FrameLimits = DEFAULT_LIMITS
+    payload: bytes | bytearray | memoryview | np.ndarray,
+    *,
+    limits: FrameLimits = DEFAULT_LIMITS,
+    expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
 ) -> tuple[str, list[CompressedTensor]]:
     """Decode and validate a frame.
 
@@ -464,13 +651,19 @@ def decode_frame(
         array (as it arrives in a Flower ``ArrayRecord``).
     limits : FrameLimits, optional
         Largest sizes the frame may declare; checked before anything is allocated.
+    expected : mapping of str to TensorSpec, or sequence of TensorSpec, optional
+        The model's tensors as the receiver knows them. Needed for a frame that
+        carries only its schema digest (else :class:`~fedsync.wire.SchemaRequired`);
+        when given, the frame's digest or table must match them (else
+        :class:`~fedsync.wire.SchemaMismatch`).
 
     Returns
     -------
     codec : str
         The codec description.
     tensors : list of CompressedTensor
-        The tensors in frame order (see the module docstring for the dtypes).
+        The tensors in frame order (a digest-only frame's are sorted by name; see
+        the module docstring for the dtypes).
 
     Raises
     ------
@@ -479,12 +672,15 @@ def decode_frame(
         for any payload that is not a valid frame within ``limits``. Nothing else
         escapes for bad bytes.
     """
-    codec, entries, reader = _parse_table(payload, limits)
+    codec, entries, reader = _parse_table(payload, limits, expected)
     return codec, [_decode_data(reader, entry) for entry in entries]
 
 
 def inspect_frame(
-    payload: bytes | bytearray | memoryview | np.ndarray, *, limits: FrameLimits = DEFAULT_LIMITS
+    payload: bytes | bytearray | memoryview | np.ndarray,
+    *,
+    limits: FrameLimits = DEFAULT_LIMITS,
+    expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
 ) -> tuple[str, list[TensorLayout]]:
     """Validate a frame's envelope and table and report each tensor's byte layout.
 
@@ -502,9 +698,10 @@ def inspect_frame(
     Raises
     ------
     PayloadError
-        As :func:`decode_frame`, for faults in the envelope or table.
+        As :func:`decode_frame` (which also explains ``expected``), for faults in
+        the envelope or table.
     """
-    codec, entries, _ = _parse_table(payload, limits)
+    codec, entries, _ = _parse_table(payload, limits, expected)
     layouts = [
         TensorLayout(
             spec=entry.spec,

@@ -11,13 +11,21 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from fedsync.updates import CompressedTensor, QuantizedValues
+from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire.buffer import Writer
-from fedsync.wire.index_coding import as_index_array, choose_index_coding, encode_indices
+from fedsync.wire.index_coding import (
+    CODINGS_WITH_LENGTH,
+    CODINGS_WITH_PARAM,
+    as_index_array,
+    choose_index_coding,
+    encode_indices,
+)
 from fedsync.wire.layout import (
+    FLAG_TABLE,
     FORMAT_VERSION,
     HEADER,
     HEADER_BYTES,
@@ -27,8 +35,9 @@ from fedsync.wire.layout import (
     TRAILER_BYTES,
     code_dtype,
 )
-from fedsync.wire.limits import MAX_FORMAT_NUMEL
-from fedsync.wire.registry import CODING_CODES, DTYPE_CODES, INDEX_MODE_CODES, SCHEME_CODES
+from fedsync.wire.limits import DEFAULT_LIMITS, MAX_FORMAT_NUMEL
+from fedsync.wire.registry import CODING_CODES, DTYPE_CODES, INDEX_MODE_RULES, SCHEME_CODES
+from fedsync.wire.schema import schema_digest
 from kernels import bitpack
 
 __all__ = ["encode_frame"]
@@ -67,10 +76,28 @@ def _checked_params(params: dict[str, np.ndarray], label: str) -> list[tuple[str
     return out
 
 
-def _encode_tensor(
-    tensor: CompressedTensor, label: str, table: Writer, data: Writer, index_coding: str | None
-) -> None:
-    spec = tensor.spec
+@dataclass
+class _Prepared:
+    """One tensor, checked and coded, waiting for its place in the frame."""
+
+    spec: TensorSpec
+    mode: str
+    count: int
+    scheme: str
+    bits: int
+    params: list[tuple[str, np.ndarray]]
+    coding: str
+    coding_param: int
+    section: bytes
+    codes: np.ndarray
+
+    @property
+    def format_key(self) -> tuple[str, int, tuple[str, ...]]:
+        return (self.scheme, self.bits, tuple(name for name, _ in self.params))
+
+
+def _check_spec(spec: TensorSpec, label: str) -> int:
+    """Check name, dtype and shape; return numel."""
     if not isinstance(spec.name, str):
         raise ValueError(f"{label}: name must be a str, got {type(spec.name).__name__}")
     if spec.dtype not in DTYPE_CODES:
@@ -87,8 +114,17 @@ def _encode_tensor(
     numel = math.prod(int(d) for d in shape)
     if numel > MAX_FORMAT_NUMEL:
         raise ValueError(f"{label}: numel {numel} exceeds the format's {MAX_FORMAT_NUMEL}")
+    return numel
+
+
+def _prepare(
+    tensor: CompressedTensor, label: str, index_coding: str | None, allow_context: bool
+) -> _Prepared:
+    spec = tensor.spec
+    numel = _check_spec(spec, label)
     mode = tensor.index_mode
-    if mode not in INDEX_MODE_CODES:
+    rule = INDEX_MODE_RULES.get(mode)
+    if rule is None:
         raise ValueError(f"{label}: unknown index mode {mode!r}")
     values = tensor.values
     if values.scheme not in SCHEME_CODES:
@@ -97,53 +133,94 @@ def _encode_tensor(
         )
     codes = _checked_codes(values, label)
     count = int(codes.shape[0])
-    bits = int(values.bits)
 
-    if mode == "explicit":
+    if rule.positions:
         if tensor.indices is None:
-            raise ValueError(f"{label}: explicit index mode needs indices")
+            raise ValueError(f"{label}: index mode {mode!r} needs indices")
         indices = as_index_array(tensor.indices, numel, label=label)
         if indices.shape[0] != count:
             raise ValueError(f"{label}: {indices.shape[0]} indices but {count} codes")
-        plan = choose_index_coding(indices, numel, coding=index_coding)
+        plan = choose_index_coding(
+            indices,
+            numel,
+            coding=index_coding,
+            shape=tuple(int(d) for d in spec.shape),
+            allow_context=allow_context,
+        )
         section = encode_indices(indices, numel, plan)
         coding, coding_param = plan.coding, plan.param
     else:
         if tensor.indices is not None:
             raise ValueError(f"{label}: index mode {mode!r} carries no indices, got some")
-        if mode == "dense" and count != numel:
-            raise ValueError(f"{label}: dense mode needs {numel} codes, got {count}")
-        if mode == "mask" and count > numel:
-            raise ValueError(f"{label}: mask mode has {count} codes for {numel} elements")
         section, coding, coding_param = b"", "none", 0
+    if rule.count == "numel" and count != numel:
+        raise ValueError(f"{label}: {mode} mode needs {numel} codes, got {count}")
+    if rule.count == "at_most_numel" and count > numel:
+        raise ValueError(f"{label}: {mode} mode has {count} codes for {numel} elements")
 
     params = _checked_params(values.params, label)
+    return _Prepared(
+        spec,
+        mode,
+        count,
+        values.scheme,
+        int(values.bits),
+        params,
+        coding,
+        coding_param,
+        section,
+        codes,
+    )
 
-    table.text(spec.name)
-    table.u8(DTYPE_CODES[spec.dtype])
-    table.u8(len(shape))
-    for dim in shape:
-        table.varint(int(dim))
-    table.u8(INDEX_MODE_CODES[mode])
-    table.varint(count)
-    table.u8(SCHEME_CODES[values.scheme])
-    table.u8(bits)
-    table.varint(len(params))
-    for name, array in params:
-        table.text(name)
-        table.varint(array.shape[0])
-    table.u8(CODING_CODES[coding])
-    table.u8(coding_param)
-    table.varint(len(section))
 
-    for _, array in params:
-        data.raw(array.tobytes())
-    data.raw(section)
-    data.raw(bitpack.pack_bits(codes, bits).data)
+def _write_schema(head: Writer, prepared: list[_Prepared], schema: str) -> None:
+    if schema == "digest":
+        head.raw(schema_digest([p.spec for p in prepared]))
+        return
+    head.varint(len(prepared))
+    for p in prepared:
+        head.text(p.spec.name)
+        head.u8(DTYPE_CODES[p.spec.dtype])
+        head.u8(len(p.spec.shape))
+        for dim in p.spec.shape:
+            head.varint(int(dim))
+
+
+def _write_formats(
+    table: Writer, prepared: list[_Prepared]
+) -> tuple[dict[tuple[str, int, tuple[str, ...]], int], list[list[int | None]]]:
+    """The format table: each distinct (scheme, bits, param names) once, with each
+    param's length stored once when every tensor of the format has the same."""
+    index: dict[tuple[str, int, tuple[str, ...]], int] = {}
+    members: list[list[_Prepared]] = []
+    for p in prepared:
+        if p.format_key not in index:
+            index[p.format_key] = len(members)
+            members.append([])
+        members[index[p.format_key]].append(p)
+    fixed: list[list[int | None]] = []
+    table.varint(len(members))
+    for (scheme, bits, names), group in zip(index, members, strict=True):
+        table.u8(SCHEME_CODES[scheme])
+        table.u8(bits)
+        table.varint(len(names))
+        lengths: list[int | None] = []
+        for i, name in enumerate(names):
+            seen = {int(p.params[i][1].shape[0]) for p in group}
+            length = seen.pop() if len(seen) == 1 else None
+            table.text(name)
+            table.varint(0 if length is None else length + 1)
+            lengths.append(length)
+        fixed.append(lengths)
+    return index, fixed
 
 
 def encode_frame(
-    codec: str, tensors: Sequence[CompressedTensor], *, index_coding: str | None = None
+    codec: str,
+    tensors: Sequence[CompressedTensor],
+    *,
+    index_coding: str | None = None,
+    schema: str = "table",
 ) -> bytes:
     """Encode a codec description and compressed tensors into one frame.
 
@@ -152,11 +229,19 @@ def encode_frame(
     codec : str
         The codec description (the compressor's spec string), stored verbatim.
     tensors : sequence of CompressedTensor
-        The tensors, in the order the decoder will return them; names must be unique.
+        The tensors; names must be unique.
     index_coding : str, optional
-        Force one coding (``"dense"``, ``"bitmap"``, ``"elias_fano"``, ``"rice"``) for
-        every explicit index set, e.g. to compare codings; by default each tensor's
-        positions take the smallest (see :func:`fedsync.wire.index_bits_for`).
+        Force one coding (``"dense"``, ``"bitmap"``, ``"elias_fano"``, ``"rice"``,
+        ``"context"``) for every explicit index set, e.g. to compare codings; by
+        default each tensor's positions take the smallest (see
+        :func:`fedsync.wire.index_bits_for`). Context coding stays within
+        ``DEFAULT_LIMITS.max_context_numel`` elements per frame.
+    schema : {"table", "digest"}
+        ``"table"`` carries every tensor's name, shape and dtype (any receiver can
+        decode it; tensors keep their order); ``"digest"`` carries only the 8-byte
+        :func:`~fedsync.wire.schema.schema_digest` of them, for a receiver that knows
+        the model (it decodes with ``expected=``); the tensors then travel sorted by
+        name.
 
     Returns
     -------
@@ -170,24 +255,55 @@ def encode_frame(
     ValueError
         If a tensor breaks its contract (unknown dtype or scheme, bits outside
         1..32, a code wider than ``bits``, indices unsorted or out of range,
-        counts that disagree with the index mode, duplicate names); the message
-        names the tensor.
+        counts that disagree with the index mode, duplicate names) or ``schema``
+        is unknown; the message names the tensor.
     """
     if not isinstance(codec, str):
         raise ValueError(f"codec must be a str, got {type(codec).__name__}")
-    table, data = Writer(), Writer()
-    table.text(codec)
-    table.varint(len(tensors))
+    if schema not in ("table", "digest"):
+        raise ValueError(f"schema must be 'table' or 'digest', got {schema!r}")
+    prepared: list[_Prepared] = []
     seen: set[str] = set()
+    context_left = DEFAULT_LIMITS.max_context_numel
     for position, tensor in enumerate(tensors):
         label = f"tensor #{position} {tensor.spec.name!r}"
         if tensor.spec.name in seen:
             raise ValueError(f"{label}: duplicate tensor name")
         seen.add(tensor.spec.name)
-        _encode_tensor(tensor, label, table, data, index_coding)
+        numel = math.prod(int(d) for d in tensor.spec.shape)
+        prepared.append(_prepare(tensor, label, index_coding, numel <= context_left))
+        if prepared[-1].coding == "context":
+            context_left -= numel
+    if schema == "digest":
+        prepared.sort(key=lambda p: p.spec.name)
 
+    table, data = Writer(), Writer()
+    table.text(codec)
+    _write_schema(table, prepared, schema)
+    formats, fixed = _write_formats(table, prepared)
+    for p in prepared:
+        fmt = formats[p.format_key]
+        rule = INDEX_MODE_RULES[p.mode]
+        table.u8(rule.code << 4 | CODING_CODES[p.coding])
+        if len(formats) > 1:
+            table.varint(fmt)
+        if rule.count != "numel":
+            table.varint(p.count)
+        for (_, array), length in zip(p.params, fixed[fmt], strict=True):
+            if length is None:
+                table.varint(int(array.shape[0]))
+        if p.coding in CODINGS_WITH_PARAM:
+            table.u8(p.coding_param)
+        if p.coding in CODINGS_WITH_LENGTH:
+            table.varint(len(p.section))
+        for _, array in p.params:
+            data.raw(array.tobytes())
+        data.raw(p.section)
+        data.raw(bitpack.pack_bits(p.codes, p.bits).data)
+
+    flags = FLAG_TABLE if schema == "table" else 0
     length = HEADER_BYTES + table.size + data.size + TRAILER_BYTES
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, length)
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, length)
     crc = zlib.crc32(header)
     for part in table.parts + data.parts:
         crc = zlib.crc32(part, crc)

@@ -16,6 +16,8 @@ __all__ = [
     "LimitExceeded",
     "MalformedField",
     "PayloadError",
+    "SchemaMismatch",
+    "SchemaRequired",
     "TrailingBytes",
     "TruncatedPayload",
     "UnknownCode",
@@ -115,3 +117,13 @@ class IndexOutOfRange(PayloadError):
 
 class UnorderedIndices(PayloadError):
     """Decoded positions are not strictly increasing (out of order or duplicated)."""
+
+
+class SchemaMismatch(PayloadError):
+    """The frame's tensors (its schema digest or its tensor table) are not the model
+    the receiver expects: a name missing or extra, a shape or dtype that differs."""
+
+
+class SchemaRequired(PayloadError):
+    """The frame carries only its schema digest and the receiver was given no model
+    specs to resolve it: decode with ``expected=`` (the model's tensor specs)."""

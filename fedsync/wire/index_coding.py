@@ -1,17 +1,28 @@
 """Choosing, sizing, encoding and decoding the positions of one tensor.
 
-An explicit index set travels in one of four codings (see :mod:`kernels.index_coding`
-for the bit layouts). No single one is best across densities, so the encoder computes
-the exact size of each candidate and keeps the smallest:
+An explicit index set travels in one of five codings (see :mod:`kernels.index_coding`
+and :mod:`kernels.context_coding` for the bit layouts). No single one is best across
+densities and supports, so the encoder computes the exact size of each candidate
+and keeps the smallest:
 
 =========== ==================================================== ====================
-coding      section bytes                                        parameter byte
+coding      section bytes                                        table fields
 =========== ==================================================== ====================
-dense       0 (only when every position is kept)                 0
-bitmap      ceil(numel / 8)                                      0
+dense       0 (only when every position is kept)                 --
+bitmap      ceil(numel / 8)                                      --
 elias_fano  ceil(n*L / 8) + ceil((n + ((numel - 1) >> L)) / 8)   L, low bits each
-rice        ceil((n*(k + 1) + sum(g_i >> k)) / 8)                k, Rice parameter
+rice        ceil((n*(k + 1) + sum(g_i >> k)) / 8)                k; section length
+context     what the range coder emits (>= 4)                    section length
 =========== ==================================================== ====================
+
+The context coding (an arithmetic-coded bitmap whose probabilities come from each
+position's neighbours, see :mod:`kernels.context_coding`) is the one that can beat
+``H(rho) / rho``, the bound for a random support, on the clustered supports of real
+updates. It costs a step per element rather than per position, so the encoder tries
+it only on tensors of at most :data:`CONTEXT_MAX_NUMEL` elements whose support an
+``O(count)`` test finds clustered (:data:`CONTEXT_MIN_GAIN`), and the decoder
+bounds the elements it will step through per frame
+(:attr:`~fedsync.wire.FrameLimits.max_context_numel`).
 
 Elias-Fano's ``L`` is the exact minimiser of its closed-form size. Rice's ``k``
 starts from the density (``log2(ln 2 * mean gap)``, the optimum for geometric gaps)
@@ -20,15 +31,16 @@ and is refined to the exact minimiser: the size is convex in ``k`` (the saving f
 downhill from the estimate ends at the global minimum in a few passes.
 
 The size of a coding, as :func:`index_bits_for` reports it, is every bit the tensor's
-positions add to a frame: the coding id and parameter bytes, the varint section
-length and the section, ``8 * (2 + varint_len(nbytes) + nbytes)``.
+positions add to a frame: the section, plus the parameter byte of the codings that
+have one and the varint section length of those whose length does not follow from
+count and numel (the coding's id shares the tensor's head byte with its index mode).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,10 +55,15 @@ from fedsync.wire.errors import (
 )
 from fedsync.wire.registry import INDEX_CODINGS
 from kernels import bitpack
+from kernels import context_coding as ctx_kern
 from kernels import index_coding as kern
 
 __all__ = [
-    "INDEX_ENTRY_FIXED_BYTES",
+    "CODINGS_WITH_LENGTH",
+    "CODINGS_WITH_PARAM",
+    "CONTEXT_MAX_NUMEL",
+    "CONTEXT_MIN_BYTES",
+    "CONTEXT_MIN_GAIN",
     "IndexPlan",
     "as_index_array",
     "choose_index_coding",
@@ -59,8 +76,22 @@ __all__ = [
     "rice_nbytes_bounds",
 ]
 
-INDEX_ENTRY_FIXED_BYTES = 2
-"""Table bytes every explicit index set pays whatever its coding: coding id, parameter."""
+CODINGS_WITH_PARAM: frozenset[str] = frozenset({"elias_fano", "rice"})
+"""Codings whose table entry carries a parameter byte (``L`` or ``k``)."""
+CODINGS_WITH_LENGTH: frozenset[str] = frozenset({"rice", "context"})
+"""Codings whose section length is carried (a varint); the others' follows from
+count, numel and parameter."""
+CONTEXT_MAX_NUMEL = 1 << 24
+"""Largest tensor whose positions may travel context-coded: decoding costs a step
+per element, so the format bounds it per tensor (and
+:attr:`~fedsync.wire.FrameLimits.max_context_numel` per frame)."""
+CONTEXT_MIN_BYTES = 4
+"""Shortest context section: the range decoder starts by reading four bytes."""
+CONTEXT_MIN_GAIN = 0.97
+"""The encoder runs the context coder only where a one-feature estimate (the left
+neighbour, the upper one, or whether the column was kept before) already predicts
+at most this fraction of the best other coding's bits: on an unclustered support it
+cannot win, and skipping it keeps the encoder's cost ``O(count + width)`` there."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +111,18 @@ class IndexPlan:
     coding: str
     param: int
     nbytes: int
+    data: bytes | None = field(default=None, compare=False, repr=False)
+    """The section itself, for codings that had to build it to size it."""
 
     @property
     def frame_bits(self) -> int:
-        """Bits these positions add to a frame (table fields plus section)."""
-        return 8 * (INDEX_ENTRY_FIXED_BYTES + varint_len(self.nbytes) + self.nbytes)
+        """Bits these positions add to a frame: the section, plus the parameter byte
+        and section-length varint of the codings that carry them (the coding's id
+        shares the tensor's head byte with its index mode)."""
+        table = (self.coding in CODINGS_WITH_PARAM) + (
+            varint_len(self.nbytes) if self.coding in CODINGS_WITH_LENGTH else 0
+        )
+        return 8 * (table + self.nbytes)
 
 
 def as_index_array(indices: np.ndarray, numel: int, *, label: str = "") -> np.ndarray:
@@ -183,10 +221,68 @@ def _best_rice(indices: np.ndarray, numel: int) -> IndexPlan:
     return IndexPlan("rice", k, (cost + 7) // 8)
 
 
-def index_candidates(indices: np.ndarray, numel: int) -> list[IndexPlan]:
+def grid(shape: tuple[int, ...] | None, numel: int) -> tuple[int, int]:
+    """``(rows, width)`` of the context coder's view: the first dimension by the
+    rest for two or more dimensions, else one row."""
+    if shape is not None and len(shape) >= 2 and shape[0] > 0:
+        return int(shape[0]), numel // int(shape[0])
+    return 1, numel
+
+
+def _bits_h(ones: int, total: int) -> float:
+    """``total * H(ones / total)``: ideal bits of ``total`` binary symbols."""
+    if total <= 0 or ones <= 0 or ones >= total:
+        return 0.0
+    p = ones / total
+    return -total * (p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def _looks_clustered(indices: np.ndarray, numel: int, width: int, best_bits: int) -> bool:
+    """Whether knowing the left or the upper neighbour alone would save enough to
+    try the context coder (see :data:`CONTEXT_MIN_GAIN`); ``O(count)``."""
+    count = indices.shape[0]
+    columns = width < numel and width <= 8 * count  # O(width) work only where it is O(count)
+    pairs = ctx_kern.neighbour_pairs(indices, width, columns)
+    left, up, cells, ones = (int(v) for v in pairs)
+    estimate = math.inf
+    for pairs in (left, up):
+        # ``count`` positions follow a kept one; ``pairs`` of them are kept.
+        bits = _bits_h(pairs, count) + _bits_h(count - pairs, numel - count)
+        estimate = min(estimate, bits)
+    # Columns: below a column's first kept position, ``ones`` of ``cells`` are kept.
+    if columns:
+        estimate = min(estimate, _bits_h(ones, cells) + _bits_h(count - ones, numel - cells))
+    return estimate <= CONTEXT_MIN_GAIN * best_bits
+
+
+def _context_plan(
+    indices: np.ndarray, numel: int, shape: tuple[int, ...] | None, budget: int
+) -> IndexPlan | None:
+    """The context-coded section if it fits ``budget`` bytes, else ``None``."""
+    rows, width = grid(shape, numel)
+    out = np.zeros(max(budget, 0), dtype=np.uint8)
+    nbytes = int(ctx_kern.context_encode(indices, rows, width, out))
+    if nbytes < 0:
+        return None
+    return IndexPlan("context", 0, nbytes, out[:nbytes].tobytes())
+
+
+def index_candidates(
+    indices: np.ndarray,
+    numel: int,
+    *,
+    shape: tuple[int, ...] | None = None,
+    context: str = "auto",
+) -> list[IndexPlan]:
     """Every coding that can carry ``indices``, each with its best parameter and
     exact size, in tie-break order (``indices`` already checked by
-    :func:`as_index_array`)."""
+    :func:`as_index_array`).
+
+    ``context`` says when to build the context-coded section (tensors of at most
+    :data:`CONTEXT_MAX_NUMEL` elements with at least one position): ``"auto"``
+    where the support looks clustered and only if smaller than the others,
+    ``"always"``, or ``"never"``. ``shape`` gives it its rows (one row if absent).
+    """
     count = indices.shape[0]
     plans = []
     if count == numel:
@@ -194,34 +290,61 @@ def index_candidates(indices: np.ndarray, numel: int) -> list[IndexPlan]:
     plans.append(IndexPlan("bitmap", 0, (numel + 7) // 8))
     plans.append(_best_elias_fano(count, numel))
     plans.append(_best_rice(indices, numel))
+    if context != "never" and 0 < count < numel <= CONTEXT_MAX_NUMEL:
+        best = min(plan.frame_bits for plan in plans)
+        plan = None
+        if context == "always":
+            plan = _context_plan(indices, numel, shape, 2 * numel + 16)
+        elif _looks_clustered(indices, numel, grid(shape, numel)[1], best):
+            plan = _context_plan(indices, numel, shape, best // 8)
+        if plan is not None:
+            plans.append(plan)
     return plans
 
 
-def choose_index_coding(indices: np.ndarray, numel: int, *, coding: str | None = None) -> IndexPlan:
+def choose_index_coding(
+    indices: np.ndarray,
+    numel: int,
+    *,
+    coding: str | None = None,
+    shape: tuple[int, ...] | None = None,
+    allow_context: bool = True,
+) -> IndexPlan:
     """The smallest coding of ``indices`` (ties to the earlier of
     :data:`~fedsync.wire.registry.INDEX_CODINGS`), or the named one.
+
+    ``allow_context=False`` leaves the context coding out (the encoder does so once
+    a frame's context-coded elements reach their limit).
 
     Raises
     ------
     ValueError
         If ``coding`` names an unknown coding or one that cannot carry the set
-        (``dense`` needs every position).
+        (``dense`` needs every position; ``context`` at least one and at most
+        :data:`CONTEXT_MAX_NUMEL` elements).
     """
-    plans = index_candidates(indices, numel)
+    if coding is not None and coding not in INDEX_CODINGS:
+        raise ValueError(f"unknown index coding {coding!r}; expected one of {INDEX_CODINGS}")
+    if not allow_context or coding not in (None, "context"):
+        mode = "never"  # another coding is named: the context coder need not run
+    else:
+        mode = "always" if coding == "context" else "auto"
+    plans = index_candidates(indices, numel, shape=shape, context=mode)
     if coding is None:
         return min(plans, key=lambda plan: plan.frame_bits)  # min keeps the first tie
-    if coding not in INDEX_CODINGS:
-        raise ValueError(f"unknown index coding {coding!r}; expected one of {INDEX_CODINGS}")
     for plan in plans:
         if plan.coding == coding:
             return plan
     raise ValueError(
         f"index coding {coding!r} cannot carry {indices.shape[0]} of {numel} positions "
-        "(dense needs all of them)"
+        "(dense needs all of them, context at least one and a tensor of at most "
+        f"{CONTEXT_MAX_NUMEL} elements)"
     )
 
 
-def index_bits_for(indices: np.ndarray, numel: int) -> dict[str, int]:
+def index_bits_for(
+    indices: np.ndarray, numel: int, *, shape: tuple[int, ...] | None = None
+) -> dict[str, int]:
     """Exact bits each applicable coding would add to a frame for these positions.
 
     Parameters
@@ -230,13 +353,15 @@ def index_bits_for(indices: np.ndarray, numel: int) -> dict[str, int]:
         Sorted unique flat positions.
     numel : int
         Number of elements of the dense tensor.
+    shape : tuple of int, optional
+        The tensor's shape (the context coding's rows); one row if absent.
 
     Returns
     -------
     dict of str to int
         Coding name (``"dense"`` only when every position is kept, ``"bitmap"``,
-        ``"elias_fano"``, ``"rice"``) to the bits it adds to the frame: coding id
-        and parameter bytes, the section-length varint and the section. The frame
+        ``"elias_fano"``, ``"rice"``, and ``"context"`` where it applies) to the
+        bits it adds to the frame (see :attr:`IndexPlan.frame_bits`). The frame
         encoder picks the smallest.
 
     Examples
@@ -247,11 +372,14 @@ def index_bits_for(indices: np.ndarray, numel: int) -> dict[str, int]:
     'rice'
     """
     arr = as_index_array(indices, numel)
-    return {plan.coding: plan.frame_bits for plan in index_candidates(arr, numel)}
+    plans = index_candidates(arr, numel, shape=shape, context="always")
+    return {plan.coding: plan.frame_bits for plan in plans}
 
 
 def encode_indices(indices: np.ndarray, numel: int, plan: IndexPlan) -> bytes:
     """The index section for ``indices`` under ``plan`` (exactly ``plan.nbytes``)."""
+    if plan.data is not None:
+        return plan.data
     if plan.coding == "dense":
         return b""
     if plan.coding == "bitmap":
@@ -277,6 +405,8 @@ def encode_indices(indices: np.ndarray, numel: int, plan: IndexPlan) -> bytes:
         out = np.zeros(plan.nbytes, dtype=np.uint8)
         kern.rice_encode(indices, plan.param, out)
         return out.tobytes()
+    if plan.coding == "context":
+        raise ValueError("a context plan carries its section: build it with choose_index_coding")
     raise ValueError(f"unknown index coding {plan.coding!r}")
 
 
@@ -335,15 +465,24 @@ def _raise_for_status(status: int, position: int, detail: int, where: _Section) 
 
 
 def decode_indices(
-    section: np.ndarray, coding: str, param: int, count: int, numel: int, *, tensor: str
+    section: np.ndarray,
+    coding: str,
+    param: int,
+    count: int,
+    numel: int,
+    *,
+    tensor: str,
+    shape: tuple[int, ...] | None = None,
 ) -> np.ndarray:
     """Decode and validate one index section.
 
     The caller has already checked the table: ``coding`` fits the mode, ``param`` is
     at most :func:`max_param` of ``numel``, ``count <= numel <= 2**56 - 1``, and
     ``section`` has exactly the length the table declares, within the bounds of
-    :func:`ef_nbytes` / :func:`rice_nbytes_bounds`. Those checks are what make
-    the kernels' unchecked reads and writes stay in range.
+    :func:`ef_nbytes` / :func:`rice_nbytes_bounds`, and a context-coded tensor
+    has at most :data:`CONTEXT_MAX_NUMEL` elements. Those checks are what make the
+    kernels' unchecked reads and writes stay in range. ``shape`` gives the context
+    coding its rows (one row if absent).
 
     Returns
     -------
@@ -416,7 +555,47 @@ def decode_indices(
             )
         _check_padding(section, used, "index section (rice)", tensor)
         return out
+    if coding == "context":
+        rows, width = grid(shape, numel)
+        status, position, detail = ctx_kern.context_decode(section, count, rows, width, out)
+        if status != kern.STATUS_OK:
+            _raise_for_context_status(int(status), int(position), int(detail), where)
+        return out
     raise MalformedField(f"unknown index coding {coding!r}", field="index coding", tensor=tensor)
+
+
+def _raise_for_context_status(status: int, position: int, detail: int, where: _Section) -> None:
+    field = "index section (context)"
+    if status == kern.STATUS_TRUNCATED:
+        raise TruncatedPayload(
+            f"the coded bitmap reads past the section's end at element {detail} "
+            f"({position} of {where.count} positions decoded)",
+            field=field,
+            tensor=where.tensor,
+        )
+    if status == ctx_kern.STATUS_FEW_ONES:
+        raise CountMismatch(
+            "the coded bitmap holds fewer positions than declared",
+            field=field,
+            tensor=where.tensor,
+            expected=where.count,
+            got=position,
+        )
+    if status == ctx_kern.STATUS_TRAILING:
+        raise MalformedField(
+            "the coded bitmap ends before its section does",
+            field=field,
+            tensor=where.tensor,
+            expected=f"{detail} bytes",
+            got="more",
+        )
+    if status == ctx_kern.STATUS_BAD_CODE:
+        raise MalformedField(
+            f"not a valid coded stream (code outside the range at element {detail})",
+            field=field,
+            tensor=where.tensor,
+        )
+    _raise_for_status(status, position, detail, where)
 
 
 def _check_padding(section: np.ndarray, used_bits: int, field: str, tensor: str) -> None:

@@ -1,46 +1,54 @@
-"""The frame's byte layout (version 1) and the constants that pin it down.
+"""The frame's byte layout (version 2) and the constants that pin it down.
 
 All fixed-width integers are little-endian; ``varint`` is minimal unsigned LEB128
 (at most 10 bytes, see :mod:`fedsync.wire.buffer`); ``text`` is a varint byte length
 followed by that many bytes of UTF-8. Bit streams are little-endian (bit ``j`` is
 bit ``j % 8`` of byte ``j // 8``) and padded with zero bits to a whole byte.
 
-Header and trailer:
+A frame costs what it carries: both ends know the model, so by default only a digest
+of its tensors travels (:mod:`fedsync.wire.schema`), and a field appears only where
+the decoder cannot derive it.
 
-========== ======== =============================================================
-size       field    meaning
-========== ======== =============================================================
-4          magic    ``b"FSYN"``
-1          version  format version, 1
-1          flags    reserved, must be 0
-8 (u64)    length   total frame bytes, this header and the checksum included
-text       codec    codec description (at most ``max_codec_length`` bytes)
-varint     count    number of tensors
-...        table    ``count`` table entries (below)
-...        data     per tensor, in table order: params, index section, codes
-4 (u32)    crc32    CRC-32 (zlib) of every byte before it
-========== ======== =============================================================
+========== ========= ============================================================
+size       field     meaning
+========== ========= ============================================================
+4          magic     ``b"FSYN"``
+1          version   format version, 2
+1          flags     bit 0 (``FLAG_TABLE``): the tensor table travels; others 0
+8 (u64)    length    total frame bytes, this header and the checksum included
+text       codec     codec description (at most ``max_codec_length`` bytes)
+...        schema    flag clear: the 8-byte schema digest; the tensors are the
+                     receiver's specs in name order. Flag set: varint tensor count,
+                     then per tensor ``text`` name, 1 dtype (1 float32, 2 float16,
+                     3 bfloat16, 4 float64), 1 ndim, ndim varint dimensions
+...        formats   varint format count (at most the tensor count), then per
+                     format: 1 scheme (1 fp32, 2 fp16, 3 bf16, 4 uniform, 5 qsgd,
+                     6 sign, 7 ternary), 1 bits (1..32), varint param count (at
+                     most ``max_params``), per param ``text`` name and varint
+                     ``L``: 0 if each tensor gives the param's float count, else
+                     every tensor of the format has ``L - 1`` floats
+...        entries   one per tensor, in schema order (below)
+...        data      per tensor, in the same order: params, index section, codes
+4 (u32)    crc32     CRC-32 (zlib) of every byte before it
+========== ========= ============================================================
 
-Table entry, one per tensor:
+Tensor entry (fields in brackets appear only when the condition holds):
 
-============= ============ ==========================================================
-size          field        meaning
-============= ============ ==========================================================
-text          name         state-dict key (at most ``max_name_length`` bytes, unique)
-1             dtype        1 float32, 2 float16, 3 bfloat16, 4 float64
-1             ndim         number of dimensions (0 for a scalar)
-ndim varints  shape        dimensions; their product is ``numel``
-1             index mode   0 explicit, 1 dense (all positions), 2 mask (shared mask)
-varint        value count  ``n``, codes that follow; dense: ``n == numel``; else ``<=``
-1             scheme       1 fp32, 2 fp16, 3 bf16, 4 uniform, 5 qsgd, 6 sign, 7 ternary
-1             bits         bits per code, 1..32
-varint        param count  float parameter arrays (at most ``max_params``)
-per param     name, len    ``text`` name (unique in the tensor), varint float count
-1             coding       0 none (dense, mask modes); explicit: 1 dense, 2 bitmap,
-                           3 elias_fano, 4 rice
-1             coding param Elias-Fano low bits ``L`` / Rice ``k``; 0 otherwise
-varint        index bytes  length of the index section
-============= ============ ==========================================================
+================================ ===================================================
+size                             field
+================================ ===================================================
+1                                head: ``mode << 4 | coding``; mode (see
+                                 :data:`~fedsync.wire.registry.INDEX_MODE_RULES`)
+                                 0 explicit, 1 dense, 2 mask; coding 0 none (modes
+                                 without positions), 1 dense, 2 bitmap,
+                                 3 elias_fano, 4 rice
+[varint] format                  when the frame has more than one format
+[varint] value count             unless the mode's count is implied (dense: numel)
+[varint per param] float count   the format's params whose ``L`` is 0
+[1] coding param                 Elias-Fano low bits ``L`` / Rice ``k``
+[varint] index bytes             Rice (other sections' sizes follow from count,
+                                 numel and parameter)
+================================ ===================================================
 
 Data, per tensor:
 
@@ -59,7 +67,7 @@ decodes (or allocates for) any tensor.
 
 The decoder returns codes as ``uint8`` / ``uint16`` / ``uint32`` (the narrowest
 that holds ``bits``), params as 1-d ``float32`` arrays in frame order, explicit
-positions as ``int64`` and ``indices=None`` for the dense and mask modes.
+positions as ``int64`` and ``indices=None`` for the modes without positions.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ import numpy as np
 from kernels import bitpack
 
 __all__ = [
+    "FLAG_TABLE",
     "FORMAT_VERSION",
     "HEADER",
     "HEADER_BYTES",
@@ -83,7 +92,9 @@ __all__ = [
 ]
 
 MAGIC = b"FSYN"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FLAG_TABLE = 0x01
+"""Header flag: the tensor table travels (else only the schema digest)."""
 HEADER_BYTES = 14
 """Magic, version, flags and the u64 frame length."""
 TRAILER_BYTES = 4

@@ -19,7 +19,11 @@ class FrameLimits:
     memory for it, so a hostile frame cannot make the server allocate more than a
     small multiple of ``max_total_values`` and ``max_payload_bytes``: decoding
     holds the payload plus at most 12 bytes per value (an int64 position and a code
-    of up to 4 bytes) plus a copy of the largest Rice section.
+    of up to 4 bytes) plus a copy of the largest Rice section. A codec that derives
+    positions from the frame's shape (``mask:<density>``) draws them in at most 32
+    bytes per value, never in proportion to the declared element count. A
+    context-coded index section (:mod:`kernels.context_coding`) costs three bytes per
+    element of its tensor's widest row, at most ``2**24`` elements per tensor.
 
     Parameters
     ----------
@@ -39,6 +43,10 @@ class FrameLimits:
         Most dimensions of one tensor.
     max_params : int
         Most float parameter arrays attached to one tensor's values.
+    max_context_numel : int
+        Most elements, summed over a frame's context-coded index sections. Their
+        decoding costs a step per element (not per byte of the frame), so this
+        bounds the work a small frame can ask for; encoders stay within the default.
     """
 
     max_payload_bytes: int = 1 << 30
@@ -49,6 +57,7 @@ class FrameLimits:
     max_codec_length: int = 4096
     max_ndim: int = 32
     max_params: int = 64
+    max_context_numel: int = 1 << 26
 
     def __post_init__(self) -> None:
         for name in (
@@ -60,6 +69,7 @@ class FrameLimits:
             "max_codec_length",
             "max_ndim",
             "max_params",
+            "max_context_numel",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:

@@ -9,7 +9,9 @@ never valid.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Literal
 
 __all__ = [
     "CODING_CODES",
@@ -19,8 +21,10 @@ __all__ = [
     "INDEX_CODINGS",
     "INDEX_MODE_CODES",
     "INDEX_MODE_NAMES",
+    "INDEX_MODE_RULES",
     "SCHEME_CODES",
     "SCHEME_NAMES",
+    "IndexModeRule",
 ]
 
 
@@ -46,15 +50,52 @@ SCHEME_CODES: Mapping[str, int] = MappingProxyType(
 )
 SCHEME_NAMES = _inverse(SCHEME_CODES)
 
-INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType({"explicit": 0, "dense": 1, "mask": 2})
+
+@dataclass(frozen=True)
+class IndexModeRule:
+    """What one index mode puts in a frame, and the count it allows.
+
+    Parameters
+    ----------
+    code : int
+        The mode's code (the high nibble of a tensor entry's head byte, 0..15).
+    positions : bool
+        Whether explicit positions travel (an index section in one of
+        :data:`INDEX_CODINGS`); otherwise the coding is ``"none"`` and no section.
+    count : {"numel", "at_most_numel", "any"}
+        ``"numel"``: one value per element, the count is implied and not carried;
+        ``"at_most_numel"``: carried, at most the tensor's element count; ``"any"``:
+        carried, bounded only by :attr:`FrameLimits.max_total_values` (values that
+        are not one per position, e.g. the factors of a low-rank representation).
+    """
+
+    code: int
+    positions: bool
+    count: Literal["numel", "at_most_numel", "any"]
+
+
+# The per-tensor representations a frame knows. A new one (say low-rank factors,
+# whose values are the entries of P and Q rather than one per position) takes the
+# next free code here and needs nothing else from the wire: the decoder applies its
+# rule, the codec's pipeline gives the values their meaning.
+INDEX_MODE_RULES: Mapping[str, IndexModeRule] = MappingProxyType(
+    {
+        "explicit": IndexModeRule(0, positions=True, count="at_most_numel"),
+        "dense": IndexModeRule(1, positions=False, count="numel"),
+        "mask": IndexModeRule(2, positions=False, count="at_most_numel"),
+    }
+)
+INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType(
+    {name: rule.code for name, rule in INDEX_MODE_RULES.items()}
+)
 INDEX_MODE_NAMES = _inverse(INDEX_MODE_CODES)
 
 # "none" is the only coding of the dense and mask modes (no positions travel); the
-# other four are the candidates of the explicit mode, in tie-break order.
+# others are the candidates of the explicit mode, in tie-break order.
 CODING_CODES: Mapping[str, int] = MappingProxyType(
-    {"none": 0, "dense": 1, "bitmap": 2, "elias_fano": 3, "rice": 4}
+    {"none": 0, "dense": 1, "bitmap": 2, "elias_fano": 3, "rice": 4, "context": 5}
 )
 CODING_NAMES = _inverse(CODING_CODES)
 
-INDEX_CODINGS: tuple[str, ...] = ("dense", "bitmap", "elias_fano", "rice")
+INDEX_CODINGS: tuple[str, ...] = ("dense", "bitmap", "elias_fano", "rice", "context")
 """The codings an explicit index set may travel in; ties go to the earlier one."""

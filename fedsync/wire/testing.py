@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsync.wire.buffer import encode_varint
-from fedsync.wire.layout import FORMAT_VERSION, HEADER_BYTES, MAGIC, TRAILER_BYTES
+from fedsync.wire.layout import FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC, TRAILER_BYTES
 
 __all__ = ["FrameBuilder", "RawTensor", "reseal"]
 
@@ -40,10 +40,15 @@ def _text(value: str | bytes) -> bytes:
 
 @dataclass
 class RawTensor:
-    """One table entry and its data, every field a raw number or raw bytes.
+    """One tensor's schema entry, format, table entry and data, every field a raw
+    number or raw bytes.
 
     Defaults describe a valid 4-element float32 tensor, dense mode, 8-bit codes.
-    ``index_nbytes=None`` writes the length of ``index``.
+    The builder gives each tensor its own format (``scheme``, ``bits``, ``params``
+    with per-tensor lengths). Optional fields (``count``, ``coding_param``,
+    ``index_nbytes``) are written only where the layout has them, unless
+    ``force_*`` says otherwise; ``index_nbytes=None`` writes the length of
+    ``index``.
     """
 
     name: str | bytes = "t"
@@ -61,22 +66,40 @@ class RawTensor:
     param_data: bytes = b""
     index: bytes = b""
     codes: bytes = b"\x01\x02\x03\x04"
+    head: int | None = None
+    """Raw head byte (default ``mode << 4 | coding``)."""
 
-    def table_bytes(self) -> bytes:
-        """The table entry."""
+    def schema_bytes(self) -> bytes:
+        """The tensor-table entry: name, dtype, ndim, dims."""
         out = bytearray(_text(self.name))
         out += bytes((self.dtype, len(self.shape) if self.ndim is None else self.ndim))
         for dim in self.shape:
             out += encode_varint(dim)
-        out += bytes((self.mode,))
-        out += encode_varint(self.count)
-        out += bytes((self.scheme, self.bits))
+        return bytes(out)
+
+    def format_bytes(self) -> bytes:
+        """A format of its own: scheme, bits, params with per-tensor lengths."""
+        out = bytearray((self.scheme, self.bits))
         out += encode_varint(len(self.params))
-        for name, length in self.params:
-            out += _text(name) + encode_varint(length)
-        out += bytes((self.coding, self.coding_param))
-        nbytes = len(self.index) if self.index_nbytes is None else self.index_nbytes
-        out += encode_varint(nbytes)
+        for name, _ in self.params:
+            out += _text(name) + encode_varint(0)
+        return bytes(out)
+
+    def table_bytes(self, format_index: int | None = None) -> bytes:
+        """The tensor entry (``format_index`` written when not ``None``)."""
+        head = (self.mode << 4 | self.coding) if self.head is None else self.head
+        out = bytearray((head & 0xFF,))
+        if format_index is not None:
+            out += encode_varint(format_index)
+        if self.mode != 1:  # dense mode implies the count
+            out += encode_varint(self.count)
+        for _, length in self.params:
+            out += encode_varint(length)
+        if self.coding in (3, 4):
+            out += bytes((self.coding_param,))
+        if self.coding in (4, 5):  # Rice and context carry their length
+            nbytes = len(self.index) if self.index_nbytes is None else self.index_nbytes
+            out += encode_varint(nbytes)
         return bytes(out)
 
     def data_bytes(self) -> bytes:
@@ -86,13 +109,17 @@ class RawTensor:
 
 @dataclass
 class FrameBuilder:
-    """Build a frame from raw fields; :meth:`build` fixes length and CRC by default."""
+    """Build a frame from raw fields; :meth:`build` fixes length and CRC by default.
+
+    With ``digest`` set the frame carries that schema digest instead of the table.
+    """
 
     codec: str | bytes = "test"
     magic: bytes = MAGIC
     version: int = FORMAT_VERSION
-    flags: int = 0
+    flags: int | None = None
     tensors: list[RawTensor] = field(default_factory=list)
+    digest: bytes | None = None
 
     def add(self, tensor: RawTensor | None = None, **fields: Any) -> FrameBuilder:
         """Append a tensor (a :class:`RawTensor` or its fields); returns ``self``."""
@@ -103,6 +130,7 @@ class FrameBuilder:
         self,
         *,
         tensor_count: int | None = None,
+        format_count: int | None = None,
         length: int | None = None,
         crc: int | None = None,
         extra_body: bytes = b"",
@@ -113,6 +141,8 @@ class FrameBuilder:
         ----------
         tensor_count : int, optional
             Declared tensor count (default: the number added).
+        format_count : int, optional
+            Declared format count (default: one per tensor).
         length : int, optional
             Declared frame length (default: the true length).
         crc : int, optional
@@ -120,17 +150,28 @@ class FrameBuilder:
         extra_body : bytes
             Bytes inserted after the data part, before the checksum.
         """
-        count = len(self.tensors) if tensor_count is None else tensor_count
         body = bytearray(_text(self.codec))
-        body += encode_varint(count)
+        if self.digest is not None:
+            body += self.digest
+        else:
+            body += encode_varint(len(self.tensors) if tensor_count is None else tensor_count)
+            for tensor in self.tensors:
+                body += tensor.schema_bytes()
+        body += encode_varint(len(self.tensors) if format_count is None else format_count)
         for tensor in self.tensors:
-            body += tensor.table_bytes()
+            body += tensor.format_bytes()
+        several = len(self.tensors) > 1
+        for i, tensor in enumerate(self.tensors):
+            body += tensor.table_bytes(i if several else None)
         for tensor in self.tensors:
             body += tensor.data_bytes()
         body += extra_body
+        flags = self.flags
+        if flags is None:
+            flags = 0 if self.digest is not None else FLAG_TABLE
         total = HEADER_BYTES + len(body) + TRAILER_BYTES
         head = struct.pack(
-            "<4sBBQ", self.magic, self.version, self.flags, total if length is None else length
+            "<4sBBQ", self.magic, self.version, flags, total if length is None else length
         )
         content = head + bytes(body)
         checksum = zlib.crc32(content) if crc is None else crc

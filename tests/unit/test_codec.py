@@ -35,7 +35,7 @@ from fedsync.compression import (
 from fedsync.compression.pipeline import flatten
 from fedsync.compression.seeding import derive_seed
 from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
-from fedsync.wire import decode_frame, encode_frame
+from fedsync.wire import SchemaRequired, decode_frame, encode_frame
 from kernels.dispatch import TorchBackend, register_backend
 
 SPARSIFIERS = [
@@ -357,3 +357,44 @@ def test_derive_seed_is_pinned() -> None:
     assert derive_seed(0, "w") == 2886932253226512315
     assert derive_seed(0, "ab", "c") != derive_seed(0, "a", "bc")
     assert 0 <= derive_seed(-5, "x", 3) < 2**63
+
+
+# --------------------------------------------------------------------------------------
+# Frames for a receiver that knows the model: the schema digest instead of the table.
+# --------------------------------------------------------------------------------------
+
+
+def test_codec_with_specs_writes_digest_frames() -> None:
+    g = torch.Generator().manual_seed(4)
+    update = {
+        "conv.weight": torch.randn(8, 3, 3, 3, generator=g),
+        "fc.weight": torch.randn(10, 200, generator=g),
+        "fc.bias": torch.randn(10, generator=g),
+    }
+    specs = specs_of(update)
+    sender = UpdateCodec("topk:0.05+uniform:8", seed=1, specs=specs)
+    table_sender = UpdateCodec("topk:0.05+uniform:8", seed=1)
+    digest_frame, table_frame = sender.encode(update), table_sender.encode(update)
+    # Same values and positions; only the table's bytes are gone (names, shapes).
+    assert len(digest_frame) < len(table_frame)
+    want = table_sender.decode(table_frame)
+    for got in (
+        UpdateCodec(specs=specs).decode(digest_frame),  # the receiver's own specs
+        UpdateCodec().decode(digest_frame, expected=dict(reversed(specs.items()))),
+    ):
+        assert sorted(got) == sorted(want)
+        for name in want:
+            assert torch.equal(got[name].indices, want[name].indices)
+            assert torch.equal(got[name].values, want[name].values)
+    with pytest.raises(SchemaRequired, match="expected="):
+        UpdateCodec().decode(digest_frame)
+    other = dict(specs, **{"fc.bias": TensorSpec("fc.bias", (11,))})
+    with pytest.raises(UpdateMismatch, match="schema digest"):
+        UpdateCodec().decode(digest_frame, expected=other)
+    with pytest.raises(ValueError, match="not the codec's specs"):
+        sender.encode({"fc.bias": update["fc.bias"]})
+    # Copies for other densities keep writing digest frames.
+    denser = sender.with_density(0.1).encode(update)
+    assert len(denser) < len(table_sender.with_density(0.1).encode(update))
+    with pytest.raises(ValueError, match="schema"):
+        UpdateCodec("topk:0.1+fp32", schema="digest")

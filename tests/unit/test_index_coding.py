@@ -104,10 +104,11 @@ def index_sets(draw: st.DrawFn, max_numel: int = 3000) -> tuple[np.ndarray, int]
 @given(index_sets())
 def test_every_candidate_is_byte_exact_and_round_trips(case: tuple[np.ndarray, int]) -> None:
     indices, numel = case
-    for plan in index_candidates(indices, numel):
+    for plan in index_candidates(indices, numel, context="always"):
         section = encode_indices(indices, numel, plan)
         assert len(section) == plan.nbytes, plan
-        assert section == reference(indices, numel, plan), plan
+        if plan.coding != "context":  # its own tests below check it
+            assert section == reference(indices, numel, plan), plan
         decoded = decode_indices(
             np.frombuffer(section, np.uint8),
             plan.coding,
@@ -126,11 +127,15 @@ def test_choice_is_the_smallest_candidate(case: tuple[np.ndarray, int]) -> None:
     indices, numel = case
     bits = index_bits_for(indices, numel)
     chosen = choose_index_coding(indices, numel)
-    assert chosen.frame_bits == min(bits.values())
+    assert chosen.frame_bits == min(p.frame_bits for p in index_candidates(indices, numel))
+    assert chosen.frame_bits >= min(bits.values())  # "always" may add the context coding
     assert bits[chosen.coding] == chosen.frame_bits
     assert ("dense" in bits) == (len(indices) == numel)
-    for plan in index_candidates(indices, numel):
-        assert plan.frame_bits == 8 * (2 + varint_len(plan.nbytes) + plan.nbytes)
+    for plan in index_candidates(indices, numel, context="always"):
+        table = (plan.coding in ("elias_fano", "rice")) + (
+            varint_len(plan.nbytes) if plan.coding in ("rice", "context") else 0
+        )
+        assert plan.frame_bits == 8 * (table + plan.nbytes)
 
 
 @settings(max_examples=150, deadline=None)
@@ -173,12 +178,14 @@ def test_dense_coding_is_free_and_chosen_for_full_sets() -> None:
     indices = np.arange(100)
     plan = choose_index_coding(indices, 100)
     assert plan == IndexPlan("dense", 0, 0)
-    assert index_bits_for(indices, 100)["dense"] == 8 * 3
+    assert index_bits_for(indices, 100)["dense"] == 0  # its id shares the head byte
 
 
 def test_bitmap_wins_at_high_density_and_rice_at_low() -> None:
     rng = np.random.default_rng(0)
-    dense = np.sort(rng.choice(10_000, 6000, replace=False))
+    # At density 1/2 a random support has one bit of entropy per element: nothing
+    # beats the bitmap (at 0.6 the adaptive context coder does, by 3 %).
+    dense = np.sort(rng.choice(10_000, 5000, replace=False))
     sparse = np.sort(rng.choice(10_000, 100, replace=False))
     assert choose_index_coding(dense, 10_000).coding == "bitmap"
     assert choose_index_coding(sparse, 10_000).coding == "rice"

@@ -20,7 +20,10 @@ from fedsync.wire import (
     encode_frame,
     index_bits_for,
     inspect_frame,
+    schema_digest,
 )
+from fedsync.wire.index_coding import choose_index_coding
+from fedsync.wire.layout import FLAG_TABLE
 from fedsync.wire.registry import DTYPE_CODES, INDEX_CODINGS, SCHEME_CODES
 
 # --------------------------------------------------------------------------------------
@@ -120,7 +123,8 @@ def test_chosen_coding_is_the_smallest_and_sizes_are_exact(tensor: CompressedTen
         return
     assert tensor.indices is not None
     numel = tensor.spec.numel
-    bits = index_bits_for(tensor.indices, numel)
+    shape = tensor.spec.shape
+    bits = index_bits_for(tensor.indices, numel, shape=shape)
     auto = encode_frame("c", [tensor])
     forced = {coding: encode_frame("c", [tensor], index_coding=coding) for coding in bits}
     assert set(bits) <= set(INDEX_CODINGS)
@@ -128,9 +132,13 @@ def test_chosen_coding_is_the_smallest_and_sizes_are_exact(tensor: CompressedTen
     base = min(bits, key=lambda c: (bits[c], INDEX_CODINGS.index(c)))
     for coding, payload in forced.items():
         assert 8 * (len(payload) - len(forced[base])) == bits[coding] - bits[base]
-    assert auto == forced[base]
+    # The encoder's choice is the smallest it tried (context only where it looked
+    # worth trying) and never worse than the codings other than context.
+    choice = choose_index_coding(np.asarray(tensor.indices, np.int64), numel, shape=shape)
+    assert auto == forced[choice.coding]
+    assert bits[choice.coding] <= min(v for c, v in bits.items() if c != "context")
     _, (layout,) = inspect_frame(auto)
-    assert layout.coding == base
+    assert layout.coding == choice.coding
     for payload in forced.values():
         _, got = decode_frame(payload)
         assert_same_tensor(got[0], tensor)
@@ -175,7 +183,7 @@ def test_decode_accepts_any_bytes_like_payload() -> None:
 
 def test_empty_frame() -> None:
     payload = encode_frame("", [])
-    assert len(payload) == 14 + 2 + 4
+    assert len(payload) == 14 + 3 + 4  # codec length, tensor count, format count
     assert decode_frame(payload) == ("", [])
 
 
@@ -184,40 +192,92 @@ def test_empty_frame() -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_golden_frame_layout() -> None:
-    tensor = CompressedTensor(
-        TensorSpec("w", (2, 3), "float16"),
-        "explicit",
-        np.array([1, 4]),
-        QuantizedValues(
-            "uniform", 4, np.array([3, 10], np.uint8), {"s": np.array([1.5], np.float32)}
+def _golden_tensors() -> list[CompressedTensor]:
+    return [
+        CompressedTensor(
+            TensorSpec("w", (2, 3), "float16"),
+            "explicit",
+            np.array([1, 4]),
+            QuantizedValues(
+                "uniform", 4, np.array([3, 10], np.uint8), {"s": np.array([1.5], np.float32)}
+            ),
         ),
-    )
-    payload = encode_frame("topk", [tensor])
-    # Index candidates for {1, 4} in 6: bitmap 1 byte; Elias-Fano L=1: 1 + 1 bytes;
-    # Rice k=1: gaps 1, 2 -> 0b11 + 0b01,1 -> bits 1,1, 0,1,0 = 5 bits = 1 byte.
-    # Bitmap and Rice tie at one byte; bitmap comes first in the tie-break order.
+        CompressedTensor(
+            TensorSpec("b", (3,)),
+            "dense",
+            None,
+            QuantizedValues(
+                "uniform", 4, np.array([1, 2, 3], np.uint8), {"s": np.array([2.0], np.float32)}
+            ),
+        ),
+    ]
+
+
+def _sealed(flags: int, body: bytes) -> bytes:
+    head = MAGIC + bytes([FORMAT_VERSION, flags]) + struct.pack("<Q", 14 + len(body) + 4)
+    return head + body + struct.pack("<I", zlib.crc32(head + body))
+
+
+# Index candidates for {1, 4} in 6: bitmap 1 byte; Elias-Fano L=1: 1 + 1 bytes plus
+# its parameter byte; Rice k=1 (gaps 1, 2: 5 bits) 1 byte plus parameter and length.
+# Bitmap wins. Both tensors share one format (uniform, 4 bits, one param "s" of one
+# float), so the format table holds it once and no entry names a format.
+_GOLDEN_FORMATS = b"".join(
+    [
+        b"\x01",  # format count
+        bytes([4, 4]),  # scheme uniform, 4 bits
+        b"\x01" + b"\x01s" + b"\x02",  # one param "s", 1 float in every tensor (L = 1 + 1)
+    ]
+)
+_GOLDEN_ENTRIES_AND_DATA = b"".join(
+    [
+        bytes([0x02]),  # "w": mode explicit (0) << 4 | coding bitmap (2)
+        b"\x02",  # value count
+        bytes([0x10]),  # 'b': mode dense (1) << 4 | coding none (0); count implied
+        struct.pack("<f", 1.5),  # 'w' param data
+        bytes([0b0001_0010]),  # bitmap: bits 1 and 4
+        bytes([0xA3]),  # codes 3, 10 at 4 bits, little-endian
+        struct.pack("<f", 2.0),  # 'b' param data
+        bytes([0x21, 0x03]),  # codes 1, 2, 3 at 4 bits
+    ]
+)
+
+
+def test_golden_frame_layout_with_table() -> None:
+    payload = encode_frame("topk", _golden_tensors())
     body = b"".join(
         [
             b"\x04topk",  # codec
-            b"\x01",  # tensor count
-            b"\x01w",  # name
-            bytes([2]),  # dtype float16
-            bytes([2, 2, 3]),  # ndim, shape
-            bytes([0]),  # index mode explicit
-            b"\x02",  # value count
-            bytes([4, 4]),  # scheme uniform, 4 bits
-            b"\x01" + b"\x01s" + b"\x01",  # one param "s" of 1 float
-            bytes([2, 0]),  # coding bitmap, no parameter
-            b"\x01",  # index section bytes
-            struct.pack("<f", 1.5),  # param data
-            bytes([0b0001_0010]),  # bitmap: bits 1 and 4
-            bytes([0xA3]),  # codes 3, 10 at 4 bits, little-endian
+            b"\x02",  # tensor count
+            b"\x01w" + bytes([2]) + bytes([2, 2, 3]),  # name, dtype float16, ndim, shape
+            b"\x01b" + bytes([1]) + bytes([1, 3]),  # name, dtype float32, ndim, shape
+            _GOLDEN_FORMATS,
+            _GOLDEN_ENTRIES_AND_DATA,
         ]
     )
-    head = MAGIC + bytes([FORMAT_VERSION, 0]) + struct.pack("<Q", 14 + len(body) + 4)
-    expected = head + body + struct.pack("<I", zlib.crc32(head + body))
-    assert payload == expected
+    assert payload == _sealed(FLAG_TABLE, body)
+
+
+def test_golden_frame_layout_with_digest() -> None:
+    tensors = _golden_tensors()
+    payload = encode_frame("topk", tensors, schema="digest")
+    # Name order: 'b' before 'w'; the entries and data follow it.
+    reordered = _golden_tensors()[::-1]
+    table_frame = encode_frame("topk", reordered)
+    body = b"".join(
+        [
+            b"\x04topk",
+            schema_digest([t.spec for t in tensors]),
+            _GOLDEN_FORMATS,
+            bytes([0x10]),  # 'b' first
+            bytes([0x02]) + b"\x02",  # then "w"
+            struct.pack("<f", 2.0) + bytes([0x21, 0x03]),
+            struct.pack("<f", 1.5) + bytes([0b0001_0010]) + bytes([0xA3]),
+        ]
+    )
+    assert payload == _sealed(0, body)
+    # The table costs its count, 6 + 5 bytes of entries; the digest 8.
+    assert len(table_frame) - len(payload) == 1 + 6 + 5 - 8
 
 
 # --------------------------------------------------------------------------------------

@@ -4,8 +4,12 @@ Thousands of frames derived from valid ones (truncated, bit-flipped, overwritten
 spliced, shuffled; each both as is and *resealed*, i.e. with length and CRC fixed
 up so the parser's deeper checks must catch the fault), plus hand-made hostile
 frames: huge declared sizes (must fail before allocating, checked with
-``tracemalloc``), Rice unary runs that never end. Bounded: a fixed seed and
-count, about 10 s on the 2-core CI box.
+``tracemalloc``), Rice unary runs that never end. The corpus holds context-coded
+sections too (mutations make them decode past their end, leave bytes over, or
+disagree with their count); digest-only frames are mutated and decoded against the
+specs they were made for. Through the codec: codec strings with absurd numbers, and
+seed-derived masks whose memory must follow the payload, not the declared shape.
+Bounded: a fixed seed and count, about 30 s on the 2-core CI box.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedsync.codec import UpdateCodec
+from fedsync.compression.base import target_count
 from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
 from fedsync.wire import (
     FrameLimits,
     LimitExceeded,
     PayloadError,
+    SchemaMismatch,
+    SchemaRequired,
     TruncatedPayload,
     decode_frame,
     encode_frame,
@@ -64,7 +73,7 @@ def _tensor(
 def _corpus() -> tuple[bytes, ...]:
     rng = np.random.default_rng(2024)
     frames = []
-    for coding in ("bitmap", "elias_fano", "rice"):
+    for coding in ("bitmap", "elias_fano", "rice", "context"):
         for density, bits in ((0.01, 3), (0.1, 8), (0.5, 1), (0.03, 17)):
             tensor = _tensor(rng, "w", (40, 50), "explicit", density, bits)
             frames.append(encode_frame("topk", [tensor], index_coding=coding))
@@ -369,3 +378,151 @@ def test_rice_unary_run_that_never_ends() -> None:
     with pytest.raises(TruncatedPayload, match="stream ends after 0 of 2 positions"):
         decode_frame(frame)
     assert time.perf_counter() - start < HOSTILE_DECODE_S
+
+
+# --------------------------------------------------------------------------------------
+# Through the codec: codec strings with absurd numbers, declared sizes against what the
+# decoder may spend. Only PayloadError may escape UpdateCodec.decode.
+# --------------------------------------------------------------------------------------
+
+CODEC_TEMPLATES = (
+    "topk:0.1+uniform:{}",
+    "topk:0.1+uniform:8,chunk={}",
+    "topk:0.1+qsgd:{}",
+    "topk:0.1+qsgd:8,chunk={}",
+    "topk:{}+uniform:8",
+    "mask:0.1,seed={}+uniform:8",
+    "mask:{}+uniform:8",
+    "dgc:0.1,iters={}+uniform:8",
+    "sidco:0.1,stages={}+uniform:8",
+    "randomk:{}+fp16",
+)
+ABSURD_NUMBERS = st.one_of(
+    st.integers(-(1 << 300), 1 << 300).map(str),
+    st.sampled_from([2**63 - 1, 2**63, 2**64, -(2**63), -(2**63) - 1, 0, -1]).map(str),
+    st.text(alphabet="0123456789", min_size=18, max_size=600),
+    st.text(alphabet="0123456789.-e+", min_size=1, max_size=40),
+)
+
+
+@functools.cache
+def _topk_tensors() -> list[CompressedTensor]:
+    update = torch.from_numpy(np.random.default_rng(3).standard_normal((32, 16)).astype("f4"))
+    return decode_frame(UpdateCodec("topk:0.1+uniform:8").encode({"w": update}))[1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(template=st.sampled_from(CODEC_TEMPLATES), number=ABSURD_NUMBERS)
+def test_codec_strings_with_absurd_numbers_raise_only_payload_error(
+    template: str, number: str
+) -> None:
+    payload = encode_frame(template.format(number), _topk_tensors())
+    try:
+        UpdateCodec().decode(payload)
+    except PayloadError as error:
+        assert str(error)
+    except Exception as error:  # the bug this hunts: OverflowError, numba typing errors
+        pytest.fail(f"{template.format(number)!r}: {type(error).__name__} escaped: {error!r}")
+
+
+def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
+    """A ``mask:`` frame of one tensor of ``numel`` declared elements (zero codes)."""
+    count = target_count(numel, density)
+    chunks = -(-count // 1024)
+    tensor = CompressedTensor(
+        TensorSpec("w", (numel,)),
+        "mask",
+        None,
+        QuantizedValues(
+            "uniform",
+            bits,
+            np.zeros(count, np.uint8),
+            {"min": np.zeros(chunks, np.float32), "scale": np.ones(chunks, np.float32)},
+        ),
+    )
+    return encode_frame(f"mask:{density}+uniform:{bits}", [tensor]), count
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    log_numel=st.integers(10, 22),
+    density=st.sampled_from([0.01, 0.06, 0.1, 0.3, 0.5, 0.9, 1.0]),
+    bits=st.sampled_from([1, 4, 8]),
+)
+def test_derived_mask_memory_follows_the_payload_not_the_shape(
+    log_numel: int, density: float, bits: int
+) -> None:
+    payload, count = _mask_frame(1 << log_numel, density, bits)
+    UpdateCodec().decode(_mask_frame(64, 0.5, bits)[0])  # compile the kernels untraced
+    tracemalloc.start()
+    try:
+        UpdateCodec().decode(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Positions (8 B), the sampler's table (< 22 B) per value, and small constants.
+    assert peak < 40 * count + 4 * len(payload) + (1 << 20), (log_numel, density, peak)
+
+
+# --------------------------------------------------------------------------------------
+# Digest-only frames: mutated, decoded against the specs they were made for.
+# --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _digest_corpus() -> tuple[tuple[bytes, tuple[TensorSpec, ...]], ...]:
+    rng = np.random.default_rng(77)
+    out = []
+    groups = [
+        [
+            _tensor(rng, "conv.weight", (8, 3, 3, 3), "explicit", 0.05, 4),
+            _tensor(rng, "conv.bias", (8,), "dense", 1.0, 16, 0),
+            _tensor(rng, "fc.weight", (10, 200), "explicit", 0.01, 8, 2),
+        ],
+        [
+            _tensor(rng, "m", (300,), "mask", 0.2, 5, 1),
+            _tensor(rng, "a", (64,), "explicit", 0.5, 2),
+        ],
+    ]
+    for tensors in groups:
+        specs = tuple(t.spec for t in tensors)
+        out.append((encode_frame("digest", tensors, schema="digest"), specs))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("kind", sorted(MUTATORS))
+def test_mutated_digest_frames_raise_only_payload_error(kind: str) -> None:
+    corpus = _digest_corpus()
+    rng = np.random.default_rng(100 + sorted(MUTATORS).index(kind))
+    mutate = MUTATORS[kind]
+    rejected: dict[str, int] = {}
+    for i in range(2000):
+        frame, specs = corpus[i % len(corpus)]
+        mutated = mutate(rng, frame, corpus[int(rng.integers(0, len(corpus)))][0])
+        for payload in (mutated, reseal(mutated)):
+            try:
+                codec, tensors = decode_frame(payload, expected=specs)
+            except PayloadError as error:
+                rejected[type(error).__name__] = rejected.get(type(error).__name__, 0) + 1
+            except Exception as error:
+                pytest.fail(f"{kind} #{i}: {type(error).__name__} escaped: {error!r}")
+            else:
+                _check_decoded(codec, tensors)
+    assert set(rejected) - {"ChecksumMismatch"}, rejected
+
+
+def test_digest_frames_need_and_check_the_specs() -> None:
+    frame, specs = _digest_corpus()[0]
+    with pytest.raises(SchemaRequired, match="expected="):
+        decode_frame(frame)
+    other = (TensorSpec(specs[0].name, (9, 3, 3, 3)), *specs[1:])
+    with pytest.raises(SchemaMismatch, match="schema digest"):
+        decode_frame(frame, expected=other)
+    with pytest.raises(SchemaMismatch):
+        decode_frame(frame, expected=specs[:-1])
+    # A table frame is checked against expected specs too, and order does not matter.
+    _, tensors = decode_frame(frame, expected=specs[::-1])
+    table = encode_frame("t", tensors)
+    assert decode_frame(table, expected=specs[::-1])[1][0].spec.name == tensors[0].spec.name
+    with pytest.raises(SchemaMismatch, match="shape or dtype"):
+        decode_frame(table, expected=other)

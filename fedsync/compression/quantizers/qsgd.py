@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedsync.compression.base import Quantizer
-from fedsync.compression.config import BuildContext, QuantizerConfig, check_range
+from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerConfig, check_range
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import derive_seed
@@ -57,8 +57,8 @@ class QSGDConfig(QuantizerConfig):
         if not isinstance(self.levels, int):
             raise SpecError(f"qsgd: levels must be an int, got {self.levels!r}")
         check_range("qsgd", "levels", self.levels, 1, _MAX_LEVELS)
-        if not isinstance(self.chunk, int) or self.chunk < 1:
-            raise SpecError(f"qsgd: chunk must be an int >= 1, got {self.chunk!r}")
+        if not isinstance(self.chunk, int) or not 1 <= self.chunk <= MAX_STAGE_INT:
+            raise SpecError(f"qsgd: chunk must be an int >= 1 (below 2**63), got {self.chunk!r}")
 
     def with_bits(self, bits: int) -> QSGDConfig:
         """``s = 2**(bits - 1) - 1`` levels: one bit is the sign."""

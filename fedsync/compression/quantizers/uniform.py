@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedsync.compression.base import Quantizer
-from fedsync.compression.config import BuildContext, QuantizerConfig, check_range
+from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerConfig, check_range
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.updates import QuantizedValues
@@ -51,8 +51,8 @@ class UniformConfig(QuantizerConfig):
         check_range("uniform", "bits", self.bits, 1, 8)
         if not isinstance(self.bits, int):
             raise SpecError(f"uniform: bits must be an int, got {self.bits!r}")
-        if not isinstance(self.chunk, int) or self.chunk < 1:
-            raise SpecError(f"uniform: chunk must be an int >= 1, got {self.chunk!r}")
+        if not isinstance(self.chunk, int) or not 1 <= self.chunk <= MAX_STAGE_INT:
+            raise SpecError(f"uniform: chunk must be an int >= 1 (below 2**63), got {self.chunk!r}")
 
     def with_bits(self, bits: int) -> UniformConfig:
         return dataclasses.replace(self, bits=bits)

@@ -3,7 +3,8 @@
 Two ways to share the mask:
 
 * ``mask:<density>[,seed=<s>]`` derives it: for each tensor, ``round(density * numel)``
-  positions drawn without replacement from a generator seeded by ``(seed, name)``.
+  positions drawn without replacement from a generator seeded by ``(seed, name)``
+  (:func:`kernels.sample.sorted_sample`: memory in proportion to the kept count).
   The decoder derives the same positions from the spec in the frame.
 * ``mask:digest=<hex>`` names explicit masks (name -> bool tensor) that both sides
   were given (``UpdateCodec(..., masks=...)``); the digest (BLAKE2b of names, shapes
@@ -29,6 +30,7 @@ from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import rng_for
 from fedsync.updates import IndexMode, TensorSpec
+from kernels.sample import sorted_sample
 
 __all__ = ["FixedMask", "MaskConfig", "mask_digest"]
 
@@ -122,9 +124,9 @@ class FixedMask(Sparsifier):
         if self._masks is None:
             assert self.config.density is not None
             k = target_count(spec.numel, self.config.density)
-            rng = rng_for(self.config.seed, spec.name, "mask")
-            picked = rng.choice(spec.numel, size=k, replace=False, shuffle=False)
-            positions = np.sort(picked).astype(np.int64)
+            # Memory in proportion to k, never to numel: a decoder derives these
+            # from a frame's declared shape (see kernels.sample).
+            positions = sorted_sample(rng_for(self.config.seed, spec.name, "mask"), spec.numel, k)
         else:
             mask = self._masks[spec.name].detach().to("cpu").reshape(-1)
             if mask.numel() != spec.numel:
