@@ -29,7 +29,7 @@ from clients.faults import FaultInjector
 from clients.runtime import ClientRuntime, LocalTraining
 from clients.state_store import CodecStateStore
 from fedsync import protocol
-from fedsync.codec import UpdateCodec
+from fedsync.codec import UpdateCodec, specs_of
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.records import get_int
 from fedsync.task import model_state, tensor_specs
@@ -90,8 +90,11 @@ def _encode_uplink(
     delta: Mapping[str, torch.Tensor], task: TrainTask, context: Context, runtime: ClientRuntime
 ) -> bytes:
     """Compress ``delta`` with this node's error-feedback memory and keep the memory."""
+    # Both ends know the model: frames carry its schema digest, not its tensor table.
     codec = UpdateCodec(
-        task.uplink_codec, seed=runtime.settings.seed * 100_003 + runtime.partition_id
+        task.uplink_codec,
+        seed=runtime.settings.seed * 100_003 + runtime.partition_id,
+        specs=specs_of(delta),
     )
     store = CodecStateStore.from_node_config(
         runtime.node_config, job=task.job, partition_id=runtime.partition_id

@@ -34,9 +34,9 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import SettingsError
-from fedsync.updates import CompressedTensor
+from fedsync.updates import CompressedTensor, TensorSpec
 from fedsync.wire import decode_frame, encode_frame
 
 __all__ = ["FAULT", "FAULT_KINDS", "FAULT_RATE", "FaultInjector"]
@@ -132,7 +132,7 @@ class FaultInjector:
         if kind == "garbage":
             return rng.integers(0, 256, size=len(payload), dtype=np.uint8).tobytes()
         if kind in ("nan", "inf"):
-            return _non_finite(payload, kind)
+            return _non_finite(payload, kind, specs_of(delta))
         if kind == "shape":
             wrong = dict(delta)
             name, tensor = next(iter(wrong.items()))
@@ -147,14 +147,14 @@ class FaultInjector:
         raise SettingsError(f"unknown fault kind {kind!r}")
 
 
-def _non_finite(payload: bytes, kind: str) -> bytes:
+def _non_finite(payload: bytes, kind: str, specs: Mapping[str, TensorSpec]) -> bytes:
     """Re-frame ``payload`` with one value NaN/Inf; the checksum is valid again."""
-    codec, tensors = decode_frame(payload)
+    codec, tensors = decode_frame(payload, expected=specs)
     target = next((t for t in tensors if len(t.values) > 0), None)
     if target is None:
         raise ValueError("the honest update sent no values to corrupt")
     _poison(target, kind)
-    return encode_frame(codec, tensors)
+    return encode_frame(codec, tensors, schema="digest")
 
 
 def _poison(tensor: CompressedTensor, kind: str) -> None:

@@ -51,15 +51,18 @@ __all__ = ["AggregationEngine", "TaskPlan", "Verdict", "default_codec_factory"]
 logger = logging.getLogger("flwr")
 
 
-def default_codec_factory(spec: str, *, seed: int = 0) -> UpdateCodecLike:
+def default_codec_factory(
+    spec: str, *, seed: int = 0, specs: Mapping[str, TensorSpec] | None = None
+) -> UpdateCodecLike:
     """Build :class:`fedsync.codec.UpdateCodec` from a spec string.
 
     ``seed`` fixes the random choices of stochastic codecs (random-k, stochastic
-    rounding) the server encodes downlinks with; decoding needs no seed.
+    rounding) the server encodes downlinks with; decoding needs no seed. With the
+    model's ``specs`` its frames carry the model's schema digest, not its tensor table.
     """
     from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
 
-    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed)
+    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed, specs=specs)
     return codec
 
 
@@ -184,7 +187,7 @@ class AggregationEngine:
         # --- codecs (built once per spec; the uplink ones checked now, not mid-run) ---
         seed = config.training.seed
         self._codec_factory: Callable[[str], UpdateCodecLike] = codec_factory or (
-            lambda spec: default_codec_factory(spec, seed=seed)
+            lambda spec: default_codec_factory(spec, seed=seed, specs=self.specs)
         )
         self._codecs: dict[str, UpdateCodecLike] = {}
         for spec in self.schedule.extreme_specs():

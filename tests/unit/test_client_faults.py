@@ -23,6 +23,7 @@ from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.records import get_int, get_str
 from fedsync.reports import RunRecorder, read_events
+from fedsync.updates import TensorSpec
 from server.run_async import AsyncResult, run_async
 from tests.unit.test_async_run import (
     SHAPES,
@@ -32,6 +33,8 @@ from tests.unit.test_async_run import (
     targets_for,
     task_identity,  # noqa: F401  (autouse: Flower's task identity for Message())
 )
+
+SPECS = {name: TensorSpec(name, shape) for name, shape in SHAPES.items()}
 
 
 class Nodes:
@@ -51,7 +54,7 @@ class Nodes:
         payload = message.content.array_records[protocol.DOWNLINK][protocol.PAYLOAD].numpy()
         start = {
             name: tensor.to_dense()
-            for name, tensor in UpdateCodec().decode(payload.tobytes()).items()
+            for name, tensor in UpdateCodec().decode(payload.tobytes(), SPECS).items()
         }
         target = targets_for(node)
         delta = {name: 0.5 * (target[name] - start[name]) for name in SHAPES}
@@ -190,10 +193,11 @@ def test_corruptions_are_well_formed_where_they_should_be() -> None:
     spec = "topk:0.1+uniform:8+ef"
     honest = UpdateCodec(spec, seed=1).encode(delta)
     injector = FaultInjector(FAULT_KINDS)
-    for kind in ("nan", "inf", "shape", "norm"):
-        decode_frame(injector.corrupt(kind, honest, delta, spec, seed=1))  # no error
+    for kind in ("nan", "inf", "norm"):  # against the model's schema: no error
+        decode_frame(injector.corrupt(kind, honest, delta, spec, seed=1), expected=SPECS)
+    decode_frame(injector.corrupt("shape", honest, delta, spec, seed=1))  # its own table
     for codes_only in ("none+fp16", "none+fp32", "none+bf16"):
         payload = UpdateCodec(codes_only).encode(delta)
         bad = injector.corrupt("nan", payload, delta, codes_only, seed=1)
         with pytest.raises(ValueError, match="NaN or Inf"):
-            UpdateCodec().decode(bad)
+            UpdateCodec().decode(bad, SPECS)

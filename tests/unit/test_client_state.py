@@ -16,16 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from clients.compressed import CODEC_STATE, train_compressed
 from clients.runtime import ClientRuntime
 from clients.state_store import JOURNAL, CodecStateStore
 from fedsync import protocol
-from fedsync.codec import UpdateCodec, payload_to_array
+from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
-from fedsync.persist import JOB_KEY, file_digest, load_arrays, save_arrays
+from fedsync.persist import file_digest, load_arrays, save_arrays
+from fedsync.protocol import TrainTask
 from fedsync.task import model_for, model_state
 from fedsync.updates import TensorSpec
 
@@ -51,30 +52,20 @@ def global_model() -> dict[str, torch.Tensor]:
 
 def task(number: int, *, job: str = "job-1", version: int = 0) -> Message:
     """A compressed train task with a full fp32 downlink of the initial model."""
-    payload = UpdateCodec("none+fp32").encode(global_model())
-    config = ConfigRecord(
-        {
-            protocol.MODEL_VERSION: version,
-            protocol.SERVER_ROUND: version,
-            protocol.LOCAL_EPOCHS: 1,
-            protocol.LOCAL_STEPS: 3,
-            protocol.LEARNING_RATE: 0.1,
-            protocol.MOMENTUM: 0.9,
-            protocol.BATCH_SIZE: 32,
-            protocol.PROXIMAL_MU: 0.0,
-            protocol.UPLINK_CODEC: UPLINK,
-            protocol.DOWNLINK_KIND: "full",
-            protocol.TASK_SEED: 1000 + number,
-            JOB_KEY: job,
-        }
+    train = TrainTask(
+        payload=UpdateCodec("none+fp32").encode(global_model()),
+        downlink_kind="full",
+        version=version,
+        uplink_codec=UPLINK,
+        task_seed=1000 + number,
+        job=job,
+        local_epochs=1,
+        local_steps=3,
+        batch_size=32,
+        learning_rate=0.1,
+        momentum=0.9,
     )
-    content = RecordDict(
-        {
-            protocol.DOWNLINK: ArrayRecord({protocol.PAYLOAD: Array(payload_to_array(payload))}),
-            protocol.CONFIG: config,
-        }
-    )
-    message = Message(content, dst_node_id=1, message_type=MessageType.TRAIN)
+    message = Message(train.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
     message.metadata.__dict__["_message_id"] = f"task-{number}"
     return message
 
@@ -160,7 +151,7 @@ def test_a_faulty_node_corrupts_the_wire_not_its_memory(
     context = fresh_context(tmp_path, fault="nan")
     sent = uplink(task(1), context)
     with pytest.raises(ValueError, match="not finite"):
-        UpdateCodec().decode(sent)
+        UpdateCodec().decode(sent, specs_of(global_model()))
     assert len(sent) == len(reference[0]) and sent != reference[0]
     honest = fresh_context(None)
     uplink(task(1), honest)
