@@ -159,6 +159,10 @@ class LocalSuperLink:
             FLWR_DISABLE_UPDATE_CHECK="1",
             PYTHONUNBUFFERED="1",
         )
+        # The simulation engine calls ray.init() without an address, which attaches to
+        # the last cluster `ray start` left in /tmp/ray (and hangs on a stale one). A
+        # simulation starts its own Ray unless RAY_ADDRESS names a cluster to attach to.
+        env.setdefault("RAY_ADDRESS", "local")
         return env
 
     def start(self) -> LocalSuperLink:
