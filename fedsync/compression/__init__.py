@@ -20,6 +20,7 @@ from fedsync.compression.config import (
     SparsifierConfig,
     StageConfig,
 )
+from fedsync.compression.demo import DeMoConfig, DeMoFeedback
 from fedsync.compression.error_feedback import (
     ErrorFeedback,
     ErrorFeedbackConfig,
@@ -46,6 +47,7 @@ from fedsync.compression.quantizers import (
 from fedsync.compression.registry import REGISTRY, StageRegistry, register
 from fedsync.compression.seeding import derive_seed, rng_for
 from fedsync.compression.sparsifiers import (
+    DCTConfig,
     DenseConfig,
     DGCConfig,
     MaskConfig,
@@ -63,7 +65,10 @@ __all__ = [
     "CodecMismatch",
     "Compressed",
     "Compressor",
+    "DCTConfig",
     "DGCConfig",
+    "DeMoConfig",
+    "DeMoFeedback",
     "DenseConfig",
     "ErrorFeedback",
     "ErrorFeedbackConfig",
