@@ -24,13 +24,15 @@ Side by side, in one run per rate, the same model, data, seed and steps:
 
 The model is an MLP on Fashion-MNIST (784 -> 1536 -> 1024 -> 10, 2.78 M parameters,
 11.1 MB of float32 gradients per step), batch 64 per rank, SGD with momentum 0.9 for
-the DDP rows, one 64 MB bucket (so the whole gradient is one exchange). Per method: time per step (median and 10th/90th percentiles of the timed
-steps: the machine is shared, so the spread is reported, not hidden), bytes per step
-per rank that crossed the link (the veth's own counters: TCP/IP headers included) and,
-for fedsync, the frame bytes, test loss after the steps (2000 test images), and the
-share of the step spent communicating: for fedsync the hook's measured all-gather
-time, for the others ``1 - compute / step`` with ``compute`` the median step of the
-same model without any exchange, measured in the same run.
+the DDP rows, one 64 MB bucket (so the whole gradient is one exchange). Per method:
+time per step (median and 10th/90th percentiles of the timed steps: the machine is
+shared, so the spread is reported, not hidden), bytes per step per rank that crossed
+the link (the veth's own counters: TCP/IP headers included) and, for fedsync, the
+frame bytes, test loss after the steps (2000 test images), and the share of the step
+spent communicating: for fedsync the hook's measured all-gather time, for the others
+``1 - compute / step`` with ``compute`` the median step of the same model without any
+exchange, measured in the same run. Each rank runs torch, OpenMP and numba on one
+thread (two ranks share a 2-core machine).
 """
 
 from __future__ import annotations
@@ -373,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--spec", action="append", help="fedsync hook spec (repeatable)")
     parser.add_argument("--methods", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rows", default="dense,fp16,powersgd,fedsync,demo", help="which rows, in order"
+    )
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--timeout", type=float, default=400.0, help="per rate, seconds")
     parser.add_argument("--loopback", action="store_true", help="unshaped loopback check")
@@ -383,7 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     from fedsync.deploy.netns import netns_unavailable_reason
 
     specs = args.spec or list(DEFAULT_SPECS)
-    methods = ",".join(["dense", "fp16", "powersgd", *(f"fedsync:{s}" for s in specs), "demo"])
+    wanted = args.rows.split(",")
+    unknown = set(wanted) - {"dense", "fp16", "powersgd", "fedsync", "demo"}
+    if unknown or "dense" not in wanted:
+        parser.error(f"--rows takes dense (always), fp16, powersgd, fedsync, demo; got {args.rows}")
+    methods = ",".join(
+        m
+        for row in wanted
+        for m in ([f"fedsync:{s}" for s in specs] if row == "fedsync" else [row])
+    )
     rates: list[float | None]
     if args.loopback:
         rates = [None]
