@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fedsync.compression.config import BuildContext
-from fedsync.compression.error_feedback import ErrorFeedback, ErrorFeedbackState
+from fedsync.compression.error_feedback import ErrorFeedbackState
 from fedsync.compression.errors import (
     CodecMismatch,
     NonFiniteInputError,
@@ -307,9 +307,7 @@ class UpdateCodec:
         self._pipeline.sparsifier.state = self.state.sparsifier
         self._compressor: Compressor = self._pipeline
         if self._config.feedback is not None:
-            self._compressor = ErrorFeedback(
-                self._pipeline, self._config.feedback, self.state.feedback
-            )
+            self._compressor = self._config.feedback.wrap(self._pipeline, self.state.feedback)
         self._decoders: OrderedDict[str, Pipeline] = OrderedDict()
         self._stats = _StatsBox()
 

@@ -14,6 +14,7 @@ format, seeds, state export and statistics.
 from fedsync.compression import quantizers, sparsifiers
 from fedsync.compression.base import Kept, Quantizer, Sparsifier, target_count
 from fedsync.compression.config import BuildContext, QuantizerConfig, SparsifierConfig, StageConfig
+from fedsync.compression.demo import DeMoConfig, DeMoFeedback
 from fedsync.compression.error_feedback import (
     ErrorFeedback,
     ErrorFeedbackConfig,
@@ -40,6 +41,7 @@ from fedsync.compression.quantizers import (
 from fedsync.compression.registry import REGISTRY, StageRegistry, register
 from fedsync.compression.seeding import derive_seed, rng_for
 from fedsync.compression.sparsifiers import (
+    DCTConfig,
     DenseConfig,
     DGCConfig,
     MaskConfig,
@@ -57,7 +59,10 @@ __all__ = [
     "CodecMismatch",
     "Compressed",
     "Compressor",
+    "DCTConfig",
     "DGCConfig",
+    "DeMoConfig",
+    "DeMoFeedback",
     "DenseConfig",
     "ErrorFeedback",
     "ErrorFeedbackConfig",

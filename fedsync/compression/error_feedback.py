@@ -37,7 +37,7 @@ from fedsync.compression.pipeline import Compressed, Compressor, flatten
 from fedsync.compression.registry import register
 from fedsync.updates import CompressedTensor, TensorSpec
 
-__all__ = ["ErrorFeedback", "ErrorFeedbackConfig", "ErrorFeedbackState"]
+__all__ = ["ErrorFeedback", "ErrorFeedbackConfig", "ErrorFeedbackState", "memory_for"]
 
 RESIDUAL = "residual/"
 MOMENTUM = "momentum/"
@@ -70,6 +70,13 @@ class ErrorFeedbackConfig(StageConfig):
     def build(self, context: BuildContext) -> ErrorFeedbackConfig:
         # Error feedback wraps a compressor; see ErrorFeedback(inner, config, state).
         return self
+
+    def wrap(self, inner: Compressor, state: ErrorFeedbackState | None = None) -> ErrorFeedback:
+        """Error feedback around ``inner``, keeping its memory in ``state``.
+
+        Every feedback stage has this method (``demo`` too); the codec calls it.
+        """
+        return ErrorFeedback(inner, self, state)
 
 
 @dataclass
@@ -140,6 +147,10 @@ def _memory(table: dict[str, torch.Tensor], spec: TensorSpec, x: torch.Tensor) -
         stored = stored.to(x.device)
     table[spec.name] = stored
     return stored
+
+
+memory_for = _memory
+"""Public name of the memory lookup, for the other feedback stages (``demo``)."""
 
 
 class ErrorFeedback:

@@ -22,6 +22,7 @@ from fedsync.compression.config import BuildContext
 from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFiniteUpdate
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.spec import PipelineConfig
+from fedsync.compression.transform import TransformSparsifier
 from fedsync.updates import CompressedTensor, SparseTensor, SparseUpdate, TensorSpec
 from kernels.dispatch import backend_for
 
@@ -130,11 +131,19 @@ class Pipeline:
         if kept.mode == "explicit":
             assert kept.positions is not None
             indices = kept.positions.to("cpu", torch.int64).numpy()
-        return Compressed(CompressedTensor(spec, kept.mode, indices, q), kept.positions, x.device)
+        # A transform's values land everywhere once inverted (see ``sent``).
+        positions = None if isinstance(self.sparsifier, TransformSparsifier) else kept.positions
+        return Compressed(CompressedTensor(spec, kept.mode, indices, q), positions, x.device)
 
     def sent(self, compressed: Compressed) -> torch.Tensor:
         """What the receiver decodes from ``compressed`` (same function it runs)."""
-        return self.quantizer.decode(compressed.tensor.values, compressed.device)
+        values = self.quantizer.decode(compressed.tensor.values, compressed.device)
+        if isinstance(self.sparsifier, TransformSparsifier):
+            tensor = compressed.tensor
+            assert tensor.indices is not None
+            index = torch.from_numpy(np.asarray(tensor.indices, dtype=np.int64))
+            return self.sparsifier.inverse(tensor.spec, index.to(compressed.device), values)
+        return values
 
     def compress_update(
         self, update: Mapping[str, torch.Tensor], seed: int = 0
@@ -228,6 +237,12 @@ class Pipeline:
             index = torch.arange(spec.numel, dtype=torch.int64, device=device)
         else:
             index = torch.from_numpy(positions).to(device)
+        if isinstance(self.sparsifier, TransformSparsifier):
+            # Coefficients in, parameters out: the receiver gets the dense inverse.
+            values = self.sparsifier.inverse(spec, index, values)
+            if values.numel() and not backend_for(values).all_finite(values):
+                raise NonFiniteUpdate("the inverse transform overflows", tensor=label)
+            index = torch.arange(spec.numel, dtype=torch.int64, device=device)
         return SparseTensor(spec, index, values.to(torch.float32))
 
     def decompress_update(

@@ -42,6 +42,7 @@ from fedsync.wire.layout import HEADER_BYTES, MAGIC
 from fedsync.wire.testing import FrameBuilder, reseal
 
 MUTATIONS_PER_KIND = 15_000
+CODEC_MUTATIONS_PER_KIND = 600
 # These wall-clock bounds catch hangs and unbounded loops (a regression would take
 # minutes), not speed: they are generous so a loaded 2-core machine never trips them.
 SLOWEST_DECODE_S = 5.0
@@ -94,7 +95,19 @@ def _corpus() -> tuple[bytes, ...]:
         )
     )
     frames.append(encode_frame("", []))
+    frames.extend(_codec_frames())
     return tuple(frames)
+
+
+CODEC_SPECS = ("dct:4,chunk=32+fp32+demo:0.9", "dct:2,chunk=16+uniform:6")
+"""Stages whose receiver does more than scatter (the DCT inverse): fuzzed through the codec."""
+
+
+@functools.cache
+def _codec_frames() -> tuple[bytes, ...]:
+    gen = torch.Generator().manual_seed(7)
+    update = {"conv.weight": torch.randn(8, 3, 3, 3, generator=gen), "fc.bias": torch.randn(10)}
+    return tuple(UpdateCodec(spec, seed=1).encode(update) for spec in CODEC_SPECS)
 
 
 def _check_decoded(codec: str, tensors: list[CompressedTensor]) -> None:
@@ -526,3 +539,28 @@ def test_digest_frames_need_and_check_the_specs() -> None:
     assert decode_frame(table, expected=specs[::-1])[1][0].spec.name == tensors[0].spec.name
     with pytest.raises(SchemaMismatch, match="shape or dtype"):
         decode_frame(table, expected=other)
+
+
+@pytest.mark.parametrize("kind", sorted(MUTATORS))
+def test_mutated_codec_frames_raise_only_payload_error(kind: str) -> None:
+    """Mutated DCT / DeMo frames through the whole receiver (frame, codec, inverse)."""
+    corpus = _codec_frames()
+    rng = np.random.default_rng(100 + sorted(MUTATORS).index(kind))
+    mutate = MUTATORS[kind]
+    codec = UpdateCodec()
+    expected = {
+        "conv.weight": TensorSpec("conv.weight", (8, 3, 3, 3)),
+        "fc.bias": TensorSpec("fc.bias", (10,)),
+    }
+    rejected: set[str] = set()
+    for i in range(CODEC_MUTATIONS_PER_KIND):
+        frame = corpus[i % len(corpus)]
+        other = corpus[int(rng.integers(0, len(corpus)))]
+        for payload in (mutate(rng, frame, other), reseal(mutate(rng, frame, other))):
+            try:
+                codec.decode(payload, expected=expected)
+            except PayloadError as error:
+                rejected.add(type(error).__name__)
+            except Exception as error:  # anything but PayloadError is the bug this hunts
+                pytest.fail(f"{kind} #{i}: {type(error).__name__} escaped: {error!r}")
+    assert rejected - {"ChecksumMismatch"}, rejected
