@@ -259,12 +259,17 @@ class CompressionSection(Section):
         0.0, "bit-width decay rate per model version (0: constant; decaying strategies only)"
     )
     decay_kind: str = key("exponential", "exponential / linear / step")
-    downlink_codec: str = key("none+fp16", "codec of whole-model downlinks (e.g. none+fp16)")
+    downlink_codec: str = key(
+        "none+uniform:8",
+        "codec of whole-model downlinks: a device's first task, after a lost task, or a resync",
+    )
     downlink_kind: str = key(
-        "full", "full (whole model each task) / delta (compressed delta vs the device's copy)"
+        "delta",
+        "delta (compressed difference to the model the device holds, residual kept on the "
+        "server) / full (the whole model every task)",
     )
     downlink_delta_codec: str = key(
-        "none+uniform:8",
+        "none+uniform:{bits}",
         "codec of delta downlinks (downlink-kind = delta); {density} and {bits} are filled "
         "per task by the downlink schedule",
     )
@@ -276,7 +281,9 @@ class CompressionSection(Section):
         0.0, "downlink density decay rate per model version (0: constant)"
     )
     downlink_bits_start: int = key(8, "downlink: bits per value at model version 0")
-    downlink_bits_floor: int = key(4, "downlink: least bits per value as it decays")
+    downlink_bits_floor: int = key(
+        8, "downlink: least bits per value as it decays (4-bit dense deltas diverged)"
+    )
     downlink_bits_decay: float = key(
         0.0, "downlink bit-width decay rate per model version (0: constant)"
     )
