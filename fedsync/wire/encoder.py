@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedsync.updates import CompressedTensor, QuantizedValues
+from fedsync.updates import CompressedTensor, QuantizedValues, lowrank_rank, matrix_dims
 from fedsync.wire.buffer import Writer
 from fedsync.wire.index_coding import as_index_array, choose_index_coding, encode_indices
 from fedsync.wire.layout import (
@@ -115,6 +115,11 @@ def _encode_tensor(
             raise ValueError(f"{label}: dense mode needs {numel} codes, got {count}")
         if mode == "mask" and count > numel:
             raise ValueError(f"{label}: mask mode has {count} codes for {numel} elements")
+        if mode == "lowrank" and lowrank_rank(shape, count) is None:
+            raise ValueError(
+                f"{label}: lowrank mode needs r * (m + n) codes with 1 <= r <= min(m, n) "
+                f"for (m, n) = {matrix_dims(shape)}, got {count}"
+            )
         section, coding, coding_param = b"", "none", 0
 
     params = _checked_params(values.params, label)

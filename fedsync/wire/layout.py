@@ -30,13 +30,15 @@ text          name         state-dict key (at most ``max_name_length`` bytes, un
 1             dtype        1 float32, 2 float16, 3 bfloat16, 4 float64
 1             ndim         number of dimensions (0 for a scalar)
 ndim varints  shape        dimensions; their product is ``numel``
-1             index mode   0 explicit, 1 dense (all positions), 2 mask (shared mask)
-varint        value count  ``n``, codes that follow; dense: ``n == numel``; else ``<=``
+1             index mode   0 explicit, 1 dense (all positions), 2 mask (shared mask),
+                           3 lowrank (factors, below)
+varint        value count  ``n``, codes that follow; dense: ``n == numel``; lowrank:
+                           ``n == r * (m + n)``, ``1 <= r <= min(m, n)``; else ``<= numel``
 1             scheme       1 fp32, 2 fp16, 3 bf16, 4 uniform, 5 qsgd, 6 sign, 7 ternary
 1             bits         bits per code, 1..32
 varint        param count  float parameter arrays (at most ``max_params``)
 per param     name, len    ``text`` name (unique in the tensor), varint float count
-1             coding       0 none (dense, mask modes); explicit: 1 dense, 2 bitmap,
+1             coding       0 none (dense, mask, lowrank); explicit: 1 dense, 2 bitmap,
                            3 elias_fano, 4 rice
 1             coding param Elias-Fano low bits ``L`` / Rice ``k``; 0 otherwise
 varint        index bytes  length of the index section
@@ -52,6 +54,13 @@ index bytes                     positions (:mod:`fedsync.wire.index_coding`);
                                 empty for the none and dense codings
 ceil(n * bits / 8)              the codes, ``bits`` bits each, bit-packed
 =============================== ====================================================
+
+Index mode 3, ``lowrank``: the tensor (``ndim >= 2``) is the m x n matrix with
+``m = shape[0]`` and ``n`` the product of the other dimensions; its ``n`` codes are
+the factors ``P`` (m x r) then ``Q`` (n x r), each row-major, and the tensor is
+``P @ Q.T``. The rank is not stored: ``r = count / (m + n)``, which must be a whole
+number in ``1..min(m, n)``. No index section (coding 0); params and codes as in
+every other mode (one quantizer over the ``r * (m + n)`` factor values).
 
 Every size in the data part follows from the table, so the decoder checks the
 whole table and that the data part has exactly the bytes it implies *before* it

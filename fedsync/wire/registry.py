@@ -46,10 +46,12 @@ SCHEME_CODES: Mapping[str, int] = MappingProxyType(
 )
 SCHEME_NAMES = _inverse(SCHEME_CODES)
 
-INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType({"explicit": 0, "dense": 1, "mask": 2})
+INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType(
+    {"explicit": 0, "dense": 1, "mask": 2, "lowrank": 3}
+)
 INDEX_MODE_NAMES = _inverse(INDEX_MODE_CODES)
 
-# "none" is the only coding of the dense and mask modes (no positions travel); the
+# "none" is the only coding of the dense, mask and lowrank modes (no positions travel); the
 # other four are the candidates of the explicit mode, in tie-break order.
 CODING_CODES: Mapping[str, int] = MappingProxyType(
     {"none": 0, "dense": 1, "bitmap": 2, "elias_fano": 3, "rice": 4}
