@@ -6,7 +6,8 @@ prints only). Every number is a median over repetitions after warm-up runs (numb
 JIT), and the methods are interleaved within each repetition, so a neighbour's load
 on the machine hits all of them alike.
 
-For each size and density it measures, on the same standard-normal array:
+For each size and density it measures, on the same standard-normal array (``--input
+laplace``: Laplace, the family SIDCo's default fit assumes):
 
 * ``stream``: a plain streaming read of the array, ``torch.sum`` (vectorised, all
   threads) and ``numpy.sum`` (one thread) -- the bandwidth ceiling;
@@ -14,8 +15,9 @@ For each size and density it measures, on the same standard-normal array:
   gather, 8-bit uniform quantization, frame encoding);
 * our codecs through :class:`fedsync.codec.UpdateCodec` (sparsify + quantize +
   encode to bytes, and decode back to a sparse update): the DGC sampled threshold
-  (``dgc``), exact top-k (``topk``), SIDCo (``sidco``), each with ``uniform:8``, and
-  ``dgc`` with error feedback;
+  (``dgc``), exact top-k (``topk``), SIDCo (``sidco``, and ``sidco(full pass)``
+  with stage 1's moments from every entry, ``sample=1``), each with ``uniform:8``,
+  and ``dgc`` with error feedback;
 * payload bytes against dense float32 bytes;
 * index bits per kept value (the coding the frame picks, as
   :func:`fedsync.wire.index_bits_for` sizes it and as the frame's length confirms)
@@ -27,6 +29,14 @@ For each size and density it measures, on the same standard-normal array:
   (``--index-cost`` runs only this, at 10M values and 1 %).
 
 Throughputs are GB/s of float32 input (``4 * numel / seconds``).
+
+``--lowrank`` runs the low-rank rows instead (``results/codecs-lowrank.json``): on a
+gradient-like 2500 x 4000 matrix (10M values) and a 4096 x 4096 one, PowerSGD at
+ranks 1, 2, 4 (fp32; fp16, uniform:8 and error feedback at rank 4) next to torch's
+own PowerSGD hook math at the same ranks (:class:`HookMath`, same warm start, same
+number of calls), ``torch.topk`` at 1 % and the stream, with time, bytes and the
+relative error of what the receiver gets; and the bytes per update of PowerSGD on a
+real LeNet-5 update from Fashion-MNIST (``--data-dir``).
 
 Two clocks (``--clock wall|cpu|both``, default both): ``wall`` is wall time with the
 default threads, what a user sees on an idle machine; ``cpu`` is the calling
@@ -145,6 +155,10 @@ def evict_caches() -> None:
     float(_EVICT.sum())
 
 
+INPUT = "normal"
+"""Distribution of the benchmark arrays (``--input``): standard normal or Laplace."""
+DENSITIES: tuple[float, ...] = (0.1, 0.01, 0.001)
+"""Densities each size runs at (``--densities``)."""
 GATE_SECONDS = 0.0
 """How long each repetition round may wait for an idle machine (``--gate``)."""
 CLOCK: Callable[[], float] = time.perf_counter
@@ -293,9 +307,11 @@ def _decoder(codec: UpdateCodec, payload: bytes) -> Callable[[], object]:
 
 
 def bench_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]:
-    """Every method on one standard-normal array of ``n`` float32 at ``density``."""
+    """Every method on one array of ``n`` float32 (:data:`INPUT`) at ``density``."""
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=g)
+    if INPUT == "laplace":  # sign times a unit exponential: SIDCo's default family fits
+        x = torch.sign(x) * torch.empty(n).exponential_(generator=g)
     array = x.numpy()
     update = {"w": x}
     k = target_count(n, density)
@@ -303,6 +319,7 @@ def bench_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]
         "dgc+uniform8": UpdateCodec(f"dgc:{density}+uniform:8"),
         "topk+uniform8": UpdateCodec(f"topk:{density}+uniform:8"),
         "sidco+uniform8": UpdateCodec(f"sidco:{density}+uniform:8"),
+        "sidco(full pass)+uniform8": UpdateCodec(f"sidco:{density},sample=1.0+uniform:8"),
         "dgc+uniform8+ef": UpdateCodec(f"dgc:{density}+uniform:8+ef"),
     }
     payloads = {name: codec.encode(update, seed=0) for name, codec in codecs.items()}
@@ -376,6 +393,296 @@ def bench_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]
         "index_bits": index_bits(n, density),
         "index_section_cost": index_section_cost(n, density, max(3, case_reps // 2), warmup),
     }
+
+
+# --------------------------------------------------------------------------------------
+# Low rank (--lowrank): PowerSGD next to torch's PowerSGD hook math and torch.topk
+# --------------------------------------------------------------------------------------
+
+LOWRANK_RESULTS = Path(__file__).parent / "results" / "codecs-lowrank.json"
+LOWRANK_SHAPES = ((2500, 4000), (4096, 4096))
+"""10M values as a 2500 x 4000 matrix, and the 4096 x 4096 matrix."""
+LOWRANK_RANKS = (1, 2, 4)
+
+
+def gradient_like(m: int, n: int, seed: int) -> torch.Tensor:
+    """A float32 m x n matrix with a decaying spectrum plus noise (the shape of a real
+    layer gradient): rank-64 part with singular scale ``0.85**i``, plus 2 % noise. A
+    standard-normal matrix has no low-rank structure at all, so every low-rank
+    method's error on it would be ~1 and say nothing."""
+    g = torch.Generator().manual_seed(seed)
+    r = 64
+    left = torch.randn(m, r, generator=g) / math.sqrt(m)
+    right = torch.randn(n, r, generator=g) / math.sqrt(n)
+    scale = 0.85 ** torch.arange(r, dtype=torch.float32)
+    noise = torch.randn(m, n, generator=g) * (0.02 / math.sqrt(max(m, n)))
+    return (left * scale) @ right.T + noise
+
+
+def hook_orthogonalize(matrix: torch.Tensor) -> None:
+    """torch's PowerSGD hook orthogonalisation (its own function, batched as it is
+    there: Gram-Schmidt for rank <= 2, QR above), in place."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+    _orthogonalize(matrix[None], 0)
+
+
+class HookMath:
+    """One worker's steps of ``torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook``
+    for one matrix (the all-reduces of one process are identities): orthogonalise the
+    warm-start ``Q``, ``P = M Q``, orthogonalise ``P``, ``Q = M^T P``; the receiver's
+    matrix is ``P Q^T``. The baseline PowerSGD's error and time are compared with."""
+
+    def __init__(self, n: int, rank: int, seed: int) -> None:
+        self.q = torch.randn(n, rank, generator=torch.Generator().manual_seed(seed))
+
+    def compress(self, matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.q.clone()
+        hook_orthogonalize(q)
+        p = matrix @ q
+        hook_orthogonalize(p)
+        self.q = matrix.T @ p
+        return p, self.q
+
+
+def rel_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """``|approx - exact| / |exact|`` (Frobenius)."""
+    return float(torch.linalg.vector_norm(approx - exact) / torch.linalg.vector_norm(exact))
+
+
+def bench_lowrank_case(m: int, n: int, reps: int, warmup: int) -> dict[str, Any]:
+    """PowerSGD at ranks 1/2/4 (and quantized / with EF at rank 4), torch's hook math
+    at the same ranks, torch.topk at 1 %, and the stream, on one gradient-like matrix.
+
+    Every method runs its warm-up calls first (the warm start converges over calls,
+    as in training, for ours and the hook alike), then the timed calls; the error is
+    that of the last call's output, after as many calls for every method.
+    """
+    matrix = gradient_like(m, n, seed=m + n)
+    flat = matrix.reshape(-1)
+    array = flat.numpy()
+    update = {"w": matrix}
+    numel = m * n
+    k = target_count(numel, TARGET_DENSITY)
+    specs = {f"powersgd:{r}+fp32": f"powersgd:{r}" for r in LOWRANK_RANKS}
+    specs["powersgd:4+fp16"] = "powersgd:4+fp16"
+    specs["powersgd:4+uniform:8"] = "powersgd:4+uniform:8"
+    specs["powersgd:4+uniform:8+ef"] = "powersgd:4+uniform:8+ef"
+    codecs = {name: UpdateCodec(spec, seed=1) for name, spec in specs.items()}
+    hooks = {f"torch-hook:{r}": HookMath(n, r, seed=1) for r in LOWRANK_RANKS}
+    decoder = UpdateCodec()
+    last: dict[str, Any] = {}
+
+    def ours(name: str) -> Callable[[], Any]:
+        def call() -> bytes:
+            last[name] = codecs[name].encode(update, seed=0)
+            return last[name]
+
+        return call
+
+    def hook(name: str) -> Callable[[], Any]:
+        def call() -> tuple[torch.Tensor, torch.Tensor]:
+            last[name] = hooks[name].compress(matrix)
+            return last[name]
+
+        return call
+
+    compress: dict[str, Callable[[], Any]] = {
+        "stream(torch.sum)": lambda: float(flat.sum()),
+        "stream(numpy.sum)": lambda: float(array.sum()),
+        "torch.topk+uniform8": lambda: last.__setitem__(
+            "torch.topk+uniform8", torch_topk_compress(flat, k, f"topk:{TARGET_DENSITY}+uniform:8")
+        ),
+    }
+    compress.update({name: ours(name) for name in codecs})
+    compress.update({name: hook(name) for name in hooks})
+    seconds, best = timed(compress, reps, warmup)
+    payload4 = last["powersgd:4+fp32"]
+    decode_fns: dict[str, Callable[[], Any]] = {
+        "decode:powersgd:4+fp32 (factors)": lambda: decoder.decode(payload4),
+        "decode+to_dense:powersgd:4+fp32": lambda: decoder.decode(payload4)["w"].to_dense(),
+        "decode+densify:torch.topk+uniform8": lambda: decoder.decode(last["torch.topk+uniform8"])[
+            "w"
+        ].to_dense(),
+    }
+    dseconds, dbest = timed(decode_fns, reps, 1)
+
+    stream_gbps = {
+        key: 4 * numel / seconds[f"stream({key})"] / 1e9 for key in ("torch.sum", "numpy.sum")
+    }
+    methods: dict[str, Any] = {}
+    for name in [*codecs, *hooks, "torch.topk+uniform8"]:
+        if name in hooks:
+            p, q = last[name]
+            approx = p @ q.T
+            nbytes = 4 * (p.numel() + q.numel())  # raw float32 factors, no frame
+        else:
+            payload = last[name]
+            approx = decoder.decode(payload)["w"].to_dense()
+            nbytes = len(payload)
+        methods[name] = {
+            "compress_ms": 1e3 * seconds[name],
+            "compress_ms_min": 1e3 * best[name],
+            "compress_gbps": 4 * numel / seconds[name] / 1e9,
+            "of_stream_torch_sum": 4 * numel / seconds[name] / 1e9 / stream_gbps["torch.sum"],
+            "x_torch_topk": seconds["torch.topk+uniform8"] / seconds[name],
+            "payload_bytes": nbytes,
+            "payload_of_dense": nbytes / (4 * numel),
+            "rel_error": rel_error(approx.reshape(matrix.shape), matrix),
+        }
+    # Error feedback compresses input + residual, so its output is not an
+    # approximation of the input alone: no error to compare.
+    methods["powersgd:4+uniform:8+ef"]["rel_error"] = None
+    for r in LOWRANK_RANKS:
+        ours_, theirs = methods[f"powersgd:{r}+fp32"], methods[f"torch-hook:{r}"]
+        ours_["error_over_hook"] = ours_["rel_error"] / theirs["rel_error"]
+        ours_["time_over_hook"] = ours_["compress_ms"] / theirs["compress_ms"]
+    return {
+        "shape": [m, n],
+        "numel": numel,
+        "dense_bytes": 4 * numel,
+        "reps": reps,
+        "calls_before_error": warmup + (reps if CACHE == "cold" else 2 * reps),
+        "topk_density": TARGET_DENSITY,
+        "stream_gbps": stream_gbps,
+        "methods": methods,
+        "decompress": {
+            name: {"ms": 1e3 * sec, "ms_min": 1e3 * dbest[name]} for name, sec in dseconds.items()
+        },
+    }
+
+
+def cnn_updates(data_dir: str | None, rounds: int = 6, steps: int = 20) -> list[dict[str, Any]]:
+    """Real model updates: LeNet-5 trained on Fashion-MNIST for ``rounds`` rounds of
+    ``steps`` SGD steps (batch 32, lr 0.05); each round's update is its weights minus
+    the round's starting weights (what a client sends, round after round)."""
+    from fedsync.data import load_dataset
+    from fedsync.models.registry import build_model
+
+    splits = load_dataset("fashion-mnist", data_dir)
+    model = build_model("cnn", splits.num_classes, splits.input_shape, seed=0)
+    x = torch.from_numpy(np.array(splits.train.x[:8192], dtype=np.float32))
+    y = torch.from_numpy(np.array(splits.train.y[:8192], dtype=np.int64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(rounds):
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for _ in range(steps):
+            idx = torch.randint(0, x.shape[0], (32,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        out.append({k: v.detach() - start[k] for k, v in model.state_dict().items()})
+    return out
+
+
+def cnn_bytes(data_dir: str | None) -> dict[str, Any]:
+    """Bytes per update and error of PowerSGD on real LeNet-5 updates, one codec per
+    spec across the rounds (so PowerSGD's warm start works as in training; no error
+    feedback), next to dense and top-k. The error is of the decoded update against
+    the round's update, first and last round."""
+    updates = cnn_updates(data_dir)
+    total = sum(t.numel() for t in updates[0].values())
+    specs = ["none+fp32", "none+fp16", f"topk:{TARGET_DENSITY}+uniform:8"]
+    for r in LOWRANK_RANKS:
+        specs += [f"powersgd:{r}+fp32", f"powersgd:{r}+fp16", f"powersgd:{r}+uniform:8"]
+    rows = {}
+    for spec in specs:
+        codec = UpdateCodec(spec, seed=0)
+        errors, sizes = [], []
+        decoded: dict[str, Any] = {}
+        for update in updates:
+            payload = codec.encode(update)
+            decoded = codec.decode(payload)
+            approx = torch.cat([decoded[name].to_dense().reshape(-1) for name in update])
+            exact = torch.cat([t.reshape(-1) for t in update.values()])
+            errors.append(rel_error(approx, exact))
+            sizes.append(len(payload))
+        rows[spec] = {
+            "payload_bytes": sizes[-1],
+            "payload_of_dense": sizes[-1] / (4 * total),
+            "rel_error_first_round": errors[0],
+            "rel_error_last_round": errors[-1],
+            "rel_error_by_round": errors,
+            "factored": sorted(
+                name for name, t in decoded.items() if type(t).__name__ == "LowRankTensor"
+            ),
+        }
+    return {
+        "model": "cnn (LeNet-5)",
+        "dataset": "fashion-mnist",
+        "rounds": len(updates),
+        "numel": total,
+        "dense_bytes": 4 * total,
+        "tensors": {name: list(t.shape) for name, t in updates[0].items()},
+        "codecs": rows,
+    }
+
+
+def run_lowrank(clock: str, reps: int, warmup: int) -> dict[str, Any]:
+    """The low-rank rows of every shape of :data:`LOWRANK_SHAPES` under one clock
+    (``wall`` or ``cpu``, as in :func:`run`)."""
+    global CLOCK
+    numba_threads, torch_threads = numba.get_num_threads(), torch.get_num_threads()
+    if clock == "cpu":
+        numba.set_num_threads(1)
+        torch.set_num_threads(1)
+        CLOCK = time.thread_time
+    try:
+        info = machine()
+        info["clock"] = clock
+        info["cache"] = CACHE
+        cases = []
+        for m, n in LOWRANK_SHAPES:
+            cases.append(bench_lowrank_case(m, n, reps, warmup))
+            print(f"done: lowrank {clock} {m}x{n}", file=sys.stderr)
+        info["load_average_end"] = os.getloadavg()
+    finally:
+        numba.set_num_threads(numba_threads)
+        torch.set_num_threads(torch_threads)
+        CLOCK = time.perf_counter
+    return {"machine": info, "cases": cases}
+
+
+def print_lowrank(report: dict[str, Any]) -> None:
+    for clock, run_ in report["runs"].items():
+        print(f"== clock: {clock} ==")
+        print_lowrank_cases(run_["cases"])
+    print_cnn(report["cnn"])
+
+
+def print_lowrank_cases(cases: list[dict[str, Any]]) -> None:
+    for case in cases:
+        m, n = case["shape"]
+        s = case["stream_gbps"]
+        print(
+            f"== {m} x {n}: stream torch.sum {s['torch.sum']:.1f} GB/s, "
+            f"numpy.sum {s['numpy.sum']:.1f} GB/s =="
+        )
+        print(
+            f"{'method':<26} {'ms':>8} {'min ms':>8} {'x topk':>7} {'bytes':>10} "
+            f"{'of dense':>9} {'rel err':>8} {'err/hook':>8}"
+        )
+        for name, r in case["methods"].items():
+            print(
+                f"{name:<26} {r['compress_ms']:>8.2f} {r['compress_ms_min']:>8.2f} "
+                f"{r['x_torch_topk']:>7.2f} {r['payload_bytes']:>10} "
+                f"{r['payload_of_dense']:>9.5f} {r['rel_error'] or float('nan'):>8.4f} "
+                f"{r.get('error_over_hook', float('nan')):>8.4f}"
+            )
+        for name, d in case["decompress"].items():
+            print(f"  {name:<40} {d['ms']:>8.2f} ms (min {d['ms_min']:.2f})")
+
+
+def print_cnn(cnn: dict[str, Any]) -> None:
+    print(f"== {cnn['model']} update on {cnn['dataset']}: {cnn['dense_bytes']} dense bytes ==")
+    for spec, r in cnn["codecs"].items():
+        print(
+            f"{spec:<28} {r['payload_bytes']:>8} bytes {r['payload_of_dense']:>8.4f} of dense "
+            f"rel err first round {r['rel_error_first_round']:.4f}, "
+            f"last {r['rel_error_last_round']:.4f}"
+        )
 
 
 def machine() -> dict[str, Any]:
@@ -488,9 +795,10 @@ def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
         info = machine()
         info["clock"] = clock
         info["cache"] = CACHE
+        info["input"] = INPUT
         cases = []
         for n in sizes:
-            for density in (0.1, 0.01, 0.001):
+            for density in DENSITIES:
                 cases.append(bench_case(n, density, reps, warmup))
                 print(f"done: {clock} {n} @ {density}", file=sys.stderr)
         info["load_average_end"] = os.getloadavg()
@@ -534,17 +842,48 @@ def main(argv: list[str] | None = None) -> int:
         default="cold",
         help="input in DRAM (evict before each call) or in cache (run once before)",
     )
+    parser.add_argument(
+        "--lowrank",
+        action="store_true",
+        help="only the low-rank rows (PowerSGD, torch's hook math, torch.topk; wall clock)",
+    )
+    parser.add_argument("--data-dir", default=None, help="folder holding fashion-mnist/")
+    parser.add_argument("--sizes", default="", help="comma-separated array sizes to run")
+    parser.add_argument(
+        "--input", choices=["normal", "laplace"], default="normal", help="array distribution"
+    )
+    parser.add_argument(
+        "--densities", default="", help="comma-separated densities (default 0.1,0.01,0.001)"
+    )
     args = parser.parse_args(argv)
-    global GATE_SECONDS, CACHE
+    global GATE_SECONDS, CACHE, DENSITIES, INPUT
     GATE_SECONDS = args.gate
+    INPUT = args.input
     CACHE = args.cache
+    if args.densities:
+        DENSITIES = tuple(float(d) for d in args.densities.split(","))
+
+    clocks = ["wall", "cpu"] if args.clock == "both" else [args.clock]
+    if args.lowrank:
+        lowrank: dict[str, Any] = {"benchmark": "codecs-lowrank", "note": args.note, "runs": {}}
+        for clock in clocks:
+            lowrank["runs"][clock] = run_lowrank(clock, args.reps or (3 if args.quick else 5), 1)
+        lowrank["cnn"] = cnn_bytes(args.data_dir)
+        print_lowrank(lowrank)
+        target = args.out if args.out is not None else (None if args.quick else LOWRANK_RESULTS)
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(lowrank, indent=2) + "\n")
+            print(f"wrote {target}", file=sys.stderr)
+        return 0
 
     if args.index_cost:
         return _index_cost_only(args.reps or 9, args.out)
     sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
+    if args.sizes:
+        sizes = [int(size) for size in args.sizes.split(",")]
     reps = args.reps or (5 if args.quick else 11)
     warmup = 1 if args.quick else 2
-    clocks = ["wall", "cpu"] if args.clock == "both" else [args.clock]
     report: dict[str, Any] = {
         "benchmark": "codecs",
         "quick": args.quick,

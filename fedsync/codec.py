@@ -12,8 +12,9 @@ wire format (:mod:`fedsync.wire`)::
     >>> sorted(sparse), sparse["w"].nnz
     (['b', 'w'], 100)
 
-The sender's side is stateful (error-feedback residuals, SIDCo's stage counts, a step
-counter that varies the seed per call); all of it lives in one :class:`CodecState`,
+The sender's side is stateful (error-feedback residuals, SIDCo's stage counts,
+PowerSGD's warm-start factors, a step counter that varies the seed per call); all of
+it lives in one :class:`CodecState`,
 exported as a plain ``dict[str, numpy.ndarray]`` (:meth:`UpdateCodec.to_state`) for
 Flower's ``context.state``. The receiver's side is stateless: :meth:`UpdateCodec.decode`
 rebuilds the pipeline from the codec description in the frame, so one server codec
@@ -71,6 +72,9 @@ __all__ = [
     "specs_of",
 ]
 
+FACTORS = "factors/"
+"""Key prefix of the sparsifier's device memory (PowerSGD's ``Q``) in the state."""
+
 _DECODER_CACHE = 32
 """Pipelines kept per codec string on the receiving side (masks are cached in them)."""
 
@@ -117,6 +121,9 @@ class CodecState:
         Error-feedback residuals and DGC velocities, by tensor.
     sparsifier : dict of str to numpy.ndarray
         Sparsifier memory (SIDCo's stage count per tensor).
+    factors : dict of str to torch.Tensor
+        Sparsifier memory that stays on the update's device: PowerSGD's warm-start
+        ``Q`` (n x r, float32) per tensor.
     """
 
     # role: seeds
@@ -125,18 +132,37 @@ class CodecState:
     feedback: ErrorFeedbackState = field(default_factory=ErrorFeedbackState)
     # role: adaptive sparsifier memory
     sparsifier: dict[str, np.ndarray] = field(default_factory=dict)
+    # role: low-rank warm-start memory
+    factors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to_state(self) -> dict[str, np.ndarray]:
-        """Plain arrays: ``codec/step``, ``residual/*``, ``momentum/*``, ``sparsifier/*``."""
+        """Plain arrays: ``codec/step``, ``residual/*``, ``momentum/*``, ``sparsifier/*``,
+        ``factors/*`` (2-d float32)."""
         out = {"codec/step": np.array([self.step], dtype=np.int64)}
         out.update(self.feedback.to_state())
         out.update({f"sparsifier/{k}": np.array(v, copy=True) for k, v in self.sparsifier.items()})
+        out.update(
+            {
+                f"{FACTORS}{k}": v.detach().to("cpu", torch.float32).numpy().copy()
+                for k, v in self.factors.items()
+            }
+        )
         return out
 
     @classmethod
     def from_state(cls, state: Mapping[str, np.ndarray]) -> CodecState:
         """Rebuild from :meth:`to_state` output."""
         step = state.get("codec/step")
+        factors = {}
+        for key, array in state.items():
+            if key.startswith(FACTORS):
+                values = np.asarray(array)
+                if values.dtype != np.float32 or values.ndim != 2:
+                    raise ValueError(
+                        f"codec state {key!r} must be a 2-d float32 array, "
+                        f"got {values.dtype} with shape {values.shape}"
+                    )
+                factors[key[len(FACTORS) :]] = torch.from_numpy(values.copy())
         return cls(
             step=int(np.asarray(step).reshape(-1)[0]) if step is not None else 0,
             feedback=ErrorFeedbackState.from_state(state),
@@ -145,6 +171,7 @@ class CodecState:
                 for k, v in state.items()
                 if k.startswith("sparsifier/")
             },
+            factors=factors,
         )
 
     def load(self, other: CodecState) -> None:
@@ -153,6 +180,8 @@ class CodecState:
         self.feedback.load(other.feedback)
         self.sparsifier.clear()
         self.sparsifier.update(other.sparsifier)
+        self.factors.clear()
+        self.factors.update(other.factors)
 
 
 @dataclass(frozen=True)
@@ -305,6 +334,7 @@ class UpdateCodec:
         self._pipeline = build_pipeline(self._config, self._context)
         # The sparsifier's memory is the codec state's dict (shared with copies).
         self._pipeline.sparsifier.state = self.state.sparsifier
+        self._pipeline.sparsifier.memory = self.state.factors
         self._compressor: Compressor = self._pipeline
         if self._config.feedback is not None:
             self._compressor = self._config.feedback.wrap(self._pipeline, self.state.feedback)

@@ -9,22 +9,51 @@ These three small types are the contracts the rest of fedsync is built on:
   codes of a known bit width plus the float parameters needed to turn codes back
   into values. The wire format packs them without knowing what the codes mean.
 * :class:`SparseTensor` -- what the server aggregates: flat indices and float32 values
-  per tensor, never densified unless asked (:func:`densify`).
+  per tensor, never densified unless asked (:func:`densify`); its subclass
+  :class:`LowRankTensor` holds factors ``P``, ``Q`` instead (PowerSGD), which
+  :func:`accumulate_lowrank` adds many at a time.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import torch
 
-IndexMode = Literal["explicit", "dense", "mask"]
+IndexMode = Literal["explicit", "dense", "mask", "lowrank"]
 """How positions travel: ``explicit`` indices, ``dense`` (every position, in order,
-no indices), or ``mask`` (the positions of a mask both sides already share)."""
+no indices), ``mask`` (the positions of a mask both sides already share), or
+``lowrank`` (no positions: the values are the factors ``P`` (m x r) then ``Q``
+(n x r), row-major, of the tensor viewed as an m x n matrix, see
+:func:`matrix_dims`; ``r = count / (m + n)``)."""
+
+
+def matrix_dims(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(m, n)``: a tensor of >= 2 dimensions viewed as a matrix, first dimension by
+    the product of the rest; ``None`` for 0-d and 1-d shapes.
+
+    The one place that fixes how a low-rank tensor's factors map to its shape.
+    """
+    if len(shape) < 2:
+        return None
+    return int(shape[0]), math.prod(int(d) for d in shape[1:])
+
+
+def lowrank_rank(shape: tuple[int, ...], count: int) -> int | None:
+    """The rank ``r`` of a ``lowrank`` tensor of ``shape`` carrying ``count`` values:
+    ``count == r * (m + n)`` with ``1 <= r <= min(m, n)``; ``None`` when no such ``r``."""
+    dims = matrix_dims(shape)
+    if dims is None:
+        return None
+    m, n = dims
+    if m <= 0 or n <= 0 or count <= 0 or count % (m + n):
+        return None
+    rank = count // (m + n)
+    return rank if rank <= min(m, n) else None
 
 
 @dataclass(frozen=True)
@@ -88,7 +117,7 @@ class CompressedTensor:
     ----------
     spec : TensorSpec
         The dense tensor this came from.
-    index_mode : {"explicit", "dense", "mask"}
+    index_mode : {"explicit", "dense", "mask", "lowrank"}
         How positions travel (see :data:`IndexMode`).
     indices : numpy.ndarray or None
         Sorted, unique flat positions (int64) for ``explicit``; ``None`` otherwise.
@@ -130,6 +159,149 @@ class SparseTensor:
         dense = torch.zeros(self.spec.numel, dtype=torch.float32, device=self.values.device)
         dense[self.indices] = self.values
         return dense.reshape(self.spec.shape)
+
+
+class LowRankTensor(SparseTensor):
+    """A tensor that travelled as low-rank factors: ``P @ Q.T``, viewed as m x n.
+
+    The receiver keeps the factors (``r * (m + n)`` floats) rather than the product.
+    It is a :class:`SparseTensor` with every position, so code that only knows sparse
+    tensors stays correct: :attr:`indices` and :attr:`values` materialise the dense
+    product on first access (and cache it). Aggregation that knows factors reads
+    :attr:`p` and :attr:`q` and adds many updates at once with
+    :func:`accumulate_lowrank`, never forming one product per update.
+
+    Parameters
+    ----------
+    spec : TensorSpec
+        The dense tensor's name, shape (>= 2 dimensions) and dtype.
+    p : torch.Tensor
+        float32 ``(m, r)``.
+    q : torch.Tensor
+        float32 ``(n, r)``, on ``p``'s device; ``(m, n)`` is :func:`matrix_dims`.
+
+    Raises
+    ------
+    ValueError
+        If the factor shapes do not fit the spec (the decoder checks received factors
+        before building one, so this guards programming errors).
+    """
+
+    def __init__(self, spec: TensorSpec, p: torch.Tensor, q: torch.Tensor) -> None:
+        dims = matrix_dims(spec.shape)
+        rank = int(p.shape[1]) if p.ndim == 2 else -1
+        if (
+            dims is None
+            or p.ndim != 2
+            or q.ndim != 2
+            or tuple(p.shape) != (dims[0], rank)
+            or tuple(q.shape) != (dims[1], rank)
+        ):
+            raise ValueError(
+                f"low-rank factors of {spec.name!r} {spec.shape} must be (m, r) and (n, r) "
+                f"with (m, n) = {dims}; got P {tuple(p.shape)} and Q {tuple(q.shape)}"
+            )
+        self.spec = spec
+        self.p = p
+        self.q = q
+        self._indices: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        """Columns of each factor."""
+        return int(self.p.shape[1])
+
+    @property
+    def factor_count(self) -> int:
+        """Floats the factors hold: ``r * (m + n)``."""
+        return int(self.p.numel() + self.q.numel())
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """Every flat position (materialised on first access)."""
+        if self._indices is None:
+            self._indices = torch.arange(self.spec.numel, dtype=torch.int64, device=self.p.device)
+        return self._indices
+
+    @indices.setter
+    def indices(self, value: torch.Tensor) -> None:
+        raise AttributeError("a LowRankTensor's positions follow from its spec")
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The product ``P @ Q.T``, flat (materialised on first access)."""
+        if self._values is None:
+            self._values = (self.p @ self.q.T).reshape(-1)
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor) -> None:
+        raise AttributeError("a LowRankTensor's values follow from its factors")
+
+    def to_dense(self) -> torch.Tensor:
+        """Return the dense tensor (float32, the spec's shape)."""
+        return (self.p @ self.q.T).reshape(self.spec.shape)
+
+    def __repr__(self) -> str:
+        return f"LowRankTensor({self.spec!r}, rank={self.rank}, device={self.p.device.type!r})"
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, LowRankTensor)
+            and self.spec == other.spec
+            and torch.equal(self.p, other.p)
+            and torch.equal(self.q, other.q)
+        )
+
+
+def accumulate_lowrank(
+    buffer: torch.Tensor, terms: Sequence[tuple[float, LowRankTensor]]
+) -> torch.Tensor:
+    """Add ``sum_i w_i * P_i @ Q_i.T`` into ``buffer`` in place, with one matrix product.
+
+    The factors are stacked side by side, ``[w_1 P_1 | ... | w_K P_K]`` (m x R) and
+    ``[Q_1 | ... | Q_K]`` (n x R) with ``R = sum r_i``, and added with one ``addmm``:
+    holding the terms costs ``R * (m + n)`` floats and the product ``m * n * R``
+    multiply-adds, once per flush rather than once per update.
+
+    Parameters
+    ----------
+    buffer : torch.Tensor
+        float32 accumulator of the tensors' spec shape or flat (``m * n`` values),
+        contiguous, on the factors' device.
+    terms : sequence of (float, LowRankTensor)
+        Weights and low-rank tensors of the same spec shape.
+
+    Returns
+    -------
+    torch.Tensor
+        ``buffer`` (modified in place).
+
+    Raises
+    ------
+    ValueError
+        If a term's shape differs from the buffer's or the buffer is not contiguous.
+    """
+    if not terms:
+        return buffer
+    shape = terms[0][1].spec.shape
+    dims = matrix_dims(shape)
+    if dims is None or buffer.numel() != math.prod(shape) or not buffer.is_contiguous():
+        raise ValueError(
+            f"buffer of shape {tuple(buffer.shape)} cannot hold low-rank terms of shape {shape}"
+        )
+    for _, term in terms:
+        if term.spec.shape != shape:
+            raise ValueError(
+                f"low-rank term {term.spec.name!r} has shape {term.spec.shape}, the others {shape}"
+            )
+    ps = torch.cat([term.p * float(weight) for weight, term in terms], dim=1)
+    qs = torch.cat([term.q for _, term in terms], dim=1)
+    buffer.view(dims).addmm_(ps, qs.T)
+    return buffer
 
 
 SparseUpdate = dict[str, SparseTensor]

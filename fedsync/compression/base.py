@@ -38,13 +38,14 @@ class Kept:
 
     Attributes
     ----------
-    mode : {"explicit", "dense", "mask"}
+    mode : {"explicit", "dense", "mask", "lowrank"}
         How the positions travel.
     positions : torch.Tensor or None
         int64 increasing positions on the input's device (explicit and mask modes);
-        ``None`` for dense (every position, in order).
+        ``None`` for dense (every position, in order) and lowrank.
     values : torch.Tensor
-        float32 values at those positions, on the input's device.
+        float32 values at those positions, on the input's device; for lowrank the
+        factors ``P`` then ``Q``, row-major (see :data:`fedsync.updates.IndexMode`).
     """
 
     mode: IndexMode
@@ -58,7 +59,8 @@ class Sparsifier(ABC):
     Subclasses implement :meth:`select` and :meth:`max_count`; the mask sparsifier
     also :meth:`mask_positions`. ``state`` is a plain dict of numpy arrays the codec
     exports and restores (``context.state`` in Flower); most sparsifiers leave it
-    empty.
+    empty. ``memory`` is the same for tensors that stay on the update's device
+    (PowerSGD's warm-start ``Q``); the codec shares and exports it too.
     """
 
     config: SparsifierConfig
@@ -66,6 +68,17 @@ class Sparsifier(ABC):
     def __init__(self, config: SparsifierConfig) -> None:
         self.config = config
         self.state: dict[str, np.ndarray] = {}
+        self.memory: dict[str, torch.Tensor] = {}
+
+    def select_for(self, spec: TensorSpec, x: torch.Tensor, seed: int) -> Kept:
+        """:meth:`select` for a tensor whose shape matters (the pipeline calls this);
+        by default the shape is ignored."""
+        return self.select(spec.name, x, seed)
+
+    def quantizer_for(self, spec: TensorSpec, default: Quantizer) -> Quantizer:
+        """The quantizer of ``spec``'s values: ``default`` (the pipeline's) unless the
+        sparsifier sends some tensors another way (PowerSGD's dense fallback)."""
+        return default
 
     @abstractmethod
     def select(self, name: str, x: torch.Tensor, seed: int) -> Kept:

@@ -3,7 +3,8 @@
 :class:`Pipeline` is the stateless compressor: ``compress`` turns one flat float32
 tensor into the :class:`~fedsync.updates.CompressedTensor` the wire format packs,
 ``decompress`` checks a received one against the same configuration and rebuilds the
-:class:`~fedsync.updates.SparseTensor` the server aggregates. Error feedback
+:class:`~fedsync.updates.SparseTensor` the server aggregates (a
+:class:`~fedsync.updates.LowRankTensor`, factors kept, for the ``lowrank`` mode). Error feedback
 (:mod:`fedsync.compression.error_feedback`) wraps a pipeline; so may anything else
 that follows the :class:`Compressor` protocol.
 """
@@ -23,7 +24,15 @@ from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFi
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.spec import PipelineConfig
 from fedsync.compression.transform import TransformSparsifier
-from fedsync.updates import CompressedTensor, SparseTensor, SparseUpdate, TensorSpec
+from fedsync.updates import (
+    CompressedTensor,
+    LowRankTensor,
+    SparseTensor,
+    SparseUpdate,
+    TensorSpec,
+    lowrank_rank,
+    matrix_dims,
+)
 from kernels.dispatch import backend_for
 
 __all__ = [
@@ -33,6 +42,7 @@ __all__ = [
     "Pipeline",
     "build_pipeline",
     "flatten",
+    "split_factors",
 ]
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -122,11 +132,12 @@ class Pipeline:
         NonFiniteInputError
             If a value that would be sent is NaN or Inf.
         """
-        kept = self.sparsifier.select(spec.name, x, derive_seed(seed, spec.name, "sparsify"))
+        kept = self.sparsifier.select_for(spec, x, derive_seed(seed, spec.name, "sparsify"))
         values = kept.values
         if values.numel() and not backend_for(values).all_finite(values):
             raise NonFiniteInputError(f"tensor {spec.name!r} holds NaN or Inf")
-        q = self.quantizer.quantize(values, derive_seed(seed, spec.name, "quantize"))
+        quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
+        q = quantizer.quantize(values, derive_seed(seed, spec.name, "quantize"))
         indices = None
         if kept.mode == "explicit":
             assert kept.positions is not None
@@ -136,10 +147,15 @@ class Pipeline:
         return Compressed(CompressedTensor(spec, kept.mode, indices, q), positions, x.device)
 
     def sent(self, compressed: Compressed) -> torch.Tensor:
-        """What the receiver decodes from ``compressed`` (same function it runs)."""
-        values = self.quantizer.decode(compressed.tensor.values, compressed.device)
+        """What the receiver decodes from ``compressed`` (same function it runs); for a
+        low-rank tensor the product ``P @ Q.T``, flat (every position)."""
+        tensor = compressed.tensor
+        quantizer = self.sparsifier.quantizer_for(tensor.spec, self.quantizer)
+        values = quantizer.decode(tensor.values, compressed.device)
+        if tensor.index_mode == "lowrank":
+            p, q = split_factors(tensor.spec, values)
+            return (p @ q.T).reshape(-1)
         if isinstance(self.sparsifier, TransformSparsifier):
-            tensor = compressed.tensor
             assert tensor.indices is not None
             index = torch.from_numpy(np.asarray(tensor.indices, dtype=np.int64))
             return self.sparsifier.inverse(tensor.spec, index.to(compressed.device), values)
@@ -182,6 +198,8 @@ class Pipeline:
                 got=tensor.index_mode,
             )
         count = len(tensor.values)
+        if mode == "lowrank":
+            return self._decompress_lowrank(tensor, torch.device(device))
         if mode == "explicit":
             if tensor.indices is None or len(tensor.indices) != count:
                 raise CodecMismatch(
@@ -230,7 +248,8 @@ class Pipeline:
                 )
             positions = self.sparsifier.mask_positions(spec)
         device = torch.device(device)
-        values = self.quantizer.dequantize(tensor.values, device, tensor=spec.name)
+        quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
+        values = quantizer.dequantize(tensor.values, device, tensor=spec.name)
         if values.numel() and not backend_for(values).all_finite(values):
             raise NonFiniteUpdate("decoded values hold NaN or Inf", tensor=label)
         if positions is None:
@@ -245,11 +264,56 @@ class Pipeline:
             index = torch.arange(spec.numel, dtype=torch.int64, device=device)
         return SparseTensor(spec, index, values.to(torch.float32))
 
+    def _decompress_lowrank(self, tensor: CompressedTensor, device: torch.device) -> LowRankTensor:
+        """Check a ``lowrank`` tensor's rank and factors; keep them as factors."""
+        spec = tensor.spec
+        label = repr(spec.name)
+        dims = matrix_dims(spec.shape)
+        count = len(tensor.values)
+        rank = lowrank_rank(spec.shape, count)
+        if dims is None or rank is None:
+            # The wire decoder rejects these already; a hand-built tensor may not be.
+            raise CodecMismatch(
+                "factor values are not r * (m + n) for a rank within the matrix",
+                field="value count",
+                tensor=label,
+                expected=f"r * (m + n), 1 <= r <= min(m, n), (m, n) = {dims}",
+                got=count,
+            )
+        bound = self.sparsifier.max_count(spec)
+        if count != bound:
+            raise CodecMismatch(
+                "factor rank differs from the codec's",
+                field="rank",
+                tensor=label,
+                expected=bound // sum(dims),
+                got=rank,
+            )
+        quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
+        values = quantizer.dequantize(tensor.values, device, tensor=spec.name)
+        p, q = split_factors(spec, values)
+        for field, factor in (("P", p), ("Q", q)):
+            if not backend_for(factor).all_finite(factor.reshape(-1)):
+                raise NonFiniteUpdate(
+                    f"factor {field} holds NaN or Inf", field=f"factor {field}", tensor=label
+                )
+        return LowRankTensor(spec, p, q)
+
     def decompress_update(
         self, tensors: list[CompressedTensor], device: torch.device | str = "cpu"
     ) -> SparseUpdate:
         """:meth:`decompress` every tensor, by name."""
         return {t.spec.name: self.decompress(t, device) for t in tensors}
+
+
+def split_factors(spec: TensorSpec, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(P, Q)``, ``(m, r)`` and ``(n, r)`` views of a low-rank tensor's flat factor
+    values (``P`` then ``Q``, row-major; the count already checked)."""
+    dims = matrix_dims(spec.shape)
+    assert dims is not None
+    m, n = dims
+    rank = values.numel() // (m + n)
+    return values[: m * rank].view(m, rank), values[m * rank :].view(n, rank)
 
 
 def build_pipeline(config: PipelineConfig, context: BuildContext | None = None) -> Pipeline:

@@ -22,6 +22,7 @@ in the quantizer slot is ``fp32``. Examples::
     sidco:0.01,dist=gpd+sign+ef
     none+fp16
     mask:0.1,seed=3+uniform:4
+    powersgd:4,min_rate=2.0,fallback=fp16+uniform:8+ef
 
 The canonical form (what :func:`format_spec` writes and the frame carries) names the
 sparsifier and the quantizer always, the primary value always, other keys only when

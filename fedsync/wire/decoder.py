@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
+from fedsync.updates import (
+    CompressedTensor,
+    QuantizedValues,
+    TensorSpec,
+    lowrank_rank,
+    matrix_dims,
+)
 from fedsync.wire.buffer import Reader
 from fedsync.wire.errors import (
     BadMagic,
@@ -143,6 +149,23 @@ def _read_shape(reader: Reader, label: str, limits: FrameLimits) -> tuple[int, .
 
 def _check_count(entry: _Entry) -> None:
     numel = entry.spec.numel
+    if entry.mode == "lowrank":
+        if lowrank_rank(entry.spec.shape, entry.count) is None:
+            dims = matrix_dims(entry.spec.shape)
+            raise CountMismatch(
+                "lowrank index mode needs r * (m + n) values, 1 <= r <= min(m, n)"
+                if dims is not None
+                else "lowrank index mode needs a tensor of 2 or more dimensions",
+                field="value count",
+                tensor=entry.label,
+                expected=(
+                    f"a multiple of m + n = {sum(dims)} up to {min(dims) * sum(dims)}"
+                    if dims is not None and min(dims) > 0
+                    else f"ndim >= 2 and no empty dimension, shape {entry.spec.shape}"
+                ),
+                got=entry.count,
+            )
+        return
     rule = INDEX_MODE_RULES[entry.mode]
     if rule.count == "at_most_numel" and entry.count > numel:
         raise CountMismatch(
@@ -474,9 +497,9 @@ class TensorLayout:
     spec : TensorSpec
         Name, shape and dtype.
     index_mode : str
-        ``"explicit"``, ``"dense"`` or ``"mask"``.
+        ``"explicit"``, ``"dense"``, ``"mask"`` or ``"lowrank"``.
     coding : str
-        Index coding (``"none"`` for the dense and mask modes).
+        Index coding (``"none"`` for the dense, mask and lowrank modes).
     coding_param : int
         Rice ``k`` or Elias-Fano ``L`` (0 otherwise).
     count : int

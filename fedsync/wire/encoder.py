@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
+from fedsync.updates import (
+    CompressedTensor,
+    QuantizedValues,
+    TensorSpec,
+    lowrank_rank,
+    matrix_dims,
+)
 from fedsync.wire.buffer import Writer
 from fedsync.wire.index_coding import (
     CODINGS_WITH_LENGTH,
@@ -152,6 +158,11 @@ def _prepare(
     else:
         if tensor.indices is not None:
             raise ValueError(f"{label}: index mode {mode!r} carries no indices, got some")
+        if mode == "lowrank" and lowrank_rank(tuple(spec.shape), count) is None:
+            raise ValueError(
+                f"{label}: lowrank mode needs r * (m + n) codes with 1 <= r <= min(m, n) "
+                f"for (m, n) = {matrix_dims(tuple(spec.shape))}, got {count}"
+            )
         section, coding, coding_param = b"", "none", 0
     if rule.count == "numel" and count != numel:
         raise ValueError(f"{label}: {mode} mode needs {numel} codes, got {count}")

@@ -34,22 +34,7 @@ text       codec     codec description (at most ``max_codec_length`` bytes)
 
 Tensor entry (fields in brackets appear only when the condition holds):
 
-================================ ===================================================
-size                             field
-================================ ===================================================
-1                                head: ``mode << 4 | coding``; mode (see
-                                 :data:`~fedsync.wire.registry.INDEX_MODE_RULES`)
-                                 0 explicit, 1 dense, 2 mask; coding 0 none (modes
-                                 without positions), 1 dense, 2 bitmap,
-                                 3 elias_fano, 4 rice
-[varint] format                  when the frame has more than one format
-[varint] value count             unless the mode's count is implied (dense: numel)
-[varint per param] float count   the format's params whose ``L`` is 0
-[1] coding param                 Elias-Fano low bits ``L`` / Rice ``k``
-[varint] index bytes             Rice (other sections' sizes follow from count,
-                                 numel and parameter)
-================================ ===================================================
-
+================================ ============================================
 Data, per tensor:
 
 =============================== ====================================================
@@ -60,6 +45,13 @@ index bytes                     positions (:mod:`fedsync.wire.index_coding`);
                                 empty for the none and dense codings
 ceil(n * bits / 8)              the codes, ``bits`` bits each, bit-packed
 =============================== ====================================================
+
+Index mode 3, ``lowrank``: the tensor (``ndim >= 2``) is the m x n matrix with
+``m = shape[0]`` and ``n`` the product of the other dimensions; its ``n`` codes are
+the factors ``P`` (m x r) then ``Q`` (n x r), each row-major, and the tensor is
+``P @ Q.T``. The rank is not stored: ``r = count / (m + n)``, which must be a whole
+number in ``1..min(m, n)``. No index section (coding 0); params and codes as in
+every other mode (one quantizer over the ``r * (m + n)`` factor values).
 
 Every size in the data part follows from the table, so the decoder checks the
 whole table and that the data part has exactly the bytes it implies *before* it

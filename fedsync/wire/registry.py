@@ -74,15 +74,17 @@ class IndexModeRule:
     count: Literal["numel", "at_most_numel", "any"]
 
 
-# The per-tensor representations a frame knows. A new one (say low-rank factors,
-# whose values are the entries of P and Q rather than one per position) takes the
-# next free code here and needs nothing else from the wire: the decoder applies its
-# rule, the codec's pipeline gives the values their meaning.
+# The per-tensor representations a frame knows. A new one takes the next free code
+# here and needs nothing else from the wire: the decoder applies its rule, the codec's
+# pipeline gives the values their meaning.
 INDEX_MODE_RULES: Mapping[str, IndexModeRule] = MappingProxyType(
     {
         "explicit": IndexModeRule(0, positions=True, count="at_most_numel"),
         "dense": IndexModeRule(1, positions=False, count="numel"),
         "mask": IndexModeRule(2, positions=False, count="at_most_numel"),
+        # P (m x r) and Q (n x r): r * (m + n) values, checked against the shape by the
+        # decoder (the rank follows from the count).
+        "lowrank": IndexModeRule(3, positions=False, count="any"),
     }
 )
 INDEX_MODE_CODES: Mapping[str, int] = MappingProxyType(

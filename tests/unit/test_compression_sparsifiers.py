@@ -150,13 +150,42 @@ def test_sidco_adds_stages_when_the_tail_is_heavier_than_the_fit() -> None:
 
 
 def test_sidco_falls_back_when_the_family_misfits_badly() -> None:
-    # Gaussian magnitudes: a one-stage exponential fit keeps ~2% of k; the guard sends
-    # the exact top-k instead of almost nothing.
+    # Gaussian magnitudes: a one-stage exponential fit keeps ~2% of k. Fitting all
+    # entries (sample=1), the count guard sends the exact top-k instead of almost
+    # nothing.
     x = data(0, 300_000, "normal")
     k = target_count(x.numel(), 0.01)
-    kept = sparsifier("sidco:0.01").select("w", x, 0)
+    kept = sparsifier("sidco:0.01,sample=1.0").select("w", x, 0)
     assert kept.positions is not None
     np.testing.assert_array_equal(kept.positions.numpy(), reference_topk(x, k))
+
+
+def test_sidco_takes_the_sample_quantile_when_the_sample_contradicts_the_fit() -> None:
+    # With a sample, the misfit shows on the sample before any pass over the tensor:
+    # the threshold becomes the sample's own quantile, one pass, near k.
+    x = data(0, 300_000, "normal")
+    k = target_count(x.numel(), 0.01)
+    sp = sparsifier("sidco:0.01")
+    kept = sp.select("w", x, 0)
+    assert kept.positions is not None
+    count = kept.positions.numel()
+    assert k / 2 <= count <= 2 * k and count != k
+    mags = x.abs()
+    unkept = torch.ones(x.numel(), dtype=torch.bool)
+    unkept[kept.positions] = False
+    assert float(mags[kept.positions].min()) > float(mags[unkept].max())
+
+
+def test_sidco_sampled_moments_are_close_to_full_ones() -> None:
+    # Laplace magnitudes fit the exponential. A 1 % sample of 1M is 10k magnitudes:
+    # the mean is within ~1 %, the threshold (4.6 means) within ~5 %, so counts stay
+    # within 15 % of the full fit's (which is within 10 % of k).
+    x = data(1, 1_000_000, "laplace")
+    k = target_count(x.numel(), 0.01)
+    full = sparsifier("sidco:0.01,sample=1.0").select("w", x, 0).values.numel()
+    sampled = [sparsifier("sidco:0.01").select("w", x, seed).values.numel() for seed in range(4)]
+    assert abs(full - k) <= 0.1 * k
+    assert all(abs(c - full) <= 0.15 * k for c in sampled), (full, sampled)
 
 
 def test_fit_threshold_families() -> None:

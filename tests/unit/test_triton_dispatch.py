@@ -158,6 +158,8 @@ SPECS = [
     "dgc:0.001,sample=0.02+fp32",
     "sidco:0.01+uniform:4",
     "sidco:0.01,dist=gpd,stages=2+fp16",
+    "sidco:0.01,sample=1.0+uniform:4",  # stage 1 from the full fixed-order pass
+    "sidco:0.003,dist=gamma-gpd,sample=0.05+fp32",
     "randomk:0.05+qsgd:16",
     "topk:0.05+qsgd:300,chunk=64",
     "topk:0.05+ternary",

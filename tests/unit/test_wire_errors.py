@@ -186,7 +186,7 @@ def test_bad_utf8() -> None:
     [
         ({"dtype": 0}, "dtype"),
         ({"dtype": 9}, "dtype"),
-        ({"mode": 3}, "index mode"),
+        ({"mode": 4}, "index mode"),
         ({"scheme": 0}, "scheme"),
         ({"scheme": 200}, "scheme"),
         ({"coding": 9}, "index coding"),

@@ -11,7 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
+from fedsync.updates import (
+    CompressedTensor,
+    IndexMode,
+    QuantizedValues,
+    TensorSpec,
+    matrix_dims,
+)
 from fedsync.wire import (
     DEFAULT_LIMITS,
     FORMAT_VERSION,
@@ -49,6 +55,13 @@ def compressed_tensors(draw: st.DrawFn, name: str) -> CompressedTensor:
     mode = draw(st.sampled_from(get_args(IndexMode)))
     density = draw(st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)))
     count = numel if mode == "dense" else round(density * numel)
+    dims = matrix_dims(shape)
+    if mode == "lowrank":
+        if dims is None or min(dims) == 0:
+            mode = "dense"  # factors need a matrix with no empty dimension
+            count = numel
+        else:
+            count = draw(st.integers(1, min(dims))) * sum(dims)
     indices = None
     if mode == "explicit":
         indices = np.sort(rng.choice(numel, count, replace=False)).astype(np.int64)

@@ -27,7 +27,14 @@ from hypothesis import strategies as st
 
 from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
-from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
+from fedsync.updates import (
+    CompressedTensor,
+    IndexMode,
+    QuantizedValues,
+    TensorSpec,
+    lowrank_rank,
+    matrix_dims,
+)
 from fedsync.wire import (
     FrameLimits,
     LimitExceeded,
@@ -95,6 +102,18 @@ def _corpus() -> tuple[bytes, ...]:
         )
     )
     frames.append(encode_frame("", []))
+    # PowerSGD factors (index mode lowrank): hand-made, and from the real codec with
+    # factored, fallback and error-feedback tensors in one frame.
+    frames.append(encode_frame("lowrank", [_lowrank(rng, "f", (12, 5, 2), 3, 8)]))
+    frames.append(
+        UpdateCodec("powersgd:2+uniform:6,chunk=32+ef", seed=1).encode(
+            {
+                "conv.weight": torch.from_numpy(rng.standard_normal((8, 3, 3, 3)).astype("f4")),
+                "conv.bias": torch.from_numpy(rng.standard_normal(8).astype("f4")),
+                "fc.weight": torch.from_numpy(rng.standard_normal((10, 40)).astype("f4")),
+            }
+        )
+    )
     frames.extend(_codec_frames())
     return tuple(frames)
 
@@ -110,6 +129,19 @@ def _codec_frames() -> tuple[bytes, ...]:
     return tuple(UpdateCodec(spec, seed=1).encode(update) for spec in CODEC_SPECS)
 
 
+def _lowrank(
+    rng: np.random.Generator, name: str, shape: tuple[int, ...], rank: int, bits: int
+) -> CompressedTensor:
+    dims = matrix_dims(shape)
+    assert dims is not None
+    count = rank * sum(dims)
+    codes = rng.integers(0, 1 << bits, count, dtype=np.uint64)
+    params = {"min": rng.standard_normal(1).astype(np.float32)}
+    return CompressedTensor(
+        TensorSpec(name, shape), "lowrank", None, QuantizedValues("uniform", bits, codes, params)
+    )
+
+
 def _check_decoded(codec: str, tensors: list[CompressedTensor]) -> None:
     """Whatever the decoder accepts must satisfy every contract the encoder checks."""
     for tensor in tensors:
@@ -120,6 +152,9 @@ def _check_decoded(codec: str, tensors: list[CompressedTensor]) -> None:
             assert tensor.indices is not None and tensor.indices.shape == (count,)
             assert np.all(np.diff(tensor.indices) > 0)
             assert count == 0 or (tensor.indices[0] >= 0 and tensor.indices[-1] < numel)
+        elif tensor.index_mode == "lowrank":
+            assert tensor.indices is None
+            assert lowrank_rank(tensor.spec.shape, count) is not None
         else:
             assert tensor.indices is None
             assert count == numel if tensor.index_mode == "dense" else count <= numel
@@ -332,6 +367,13 @@ HOSTILE = {
         )
         .build(),
         TruncatedPayload,
+        TruncatedPayload,
+    ),
+    "lowrank factors of rank 2**20": (
+        FrameBuilder()
+        .add(shape=(1 << 20, 1 << 20), mode=3, count=(1 << 20) * (1 << 21), codes=b"")
+        .build(),
+        LimitExceeded,
         TruncatedPayload,
     ),
     "param of 2**40 floats": (

@@ -4,6 +4,7 @@ from fedsync.compression.sparsifiers.dct import DCTConfig, DCTTopK
 from fedsync.compression.sparsifiers.dense import Dense, DenseConfig
 from fedsync.compression.sparsifiers.dgc import DGC, DGCConfig
 from fedsync.compression.sparsifiers.mask import FixedMask, MaskConfig, mask_digest
+from fedsync.compression.sparsifiers.powersgd import PowerSGD, PowerSGDConfig
 from fedsync.compression.sparsifiers.randomk import RandomK, RandomKConfig
 from fedsync.compression.sparsifiers.sidco import SIDCo, SIDCoConfig
 from fedsync.compression.sparsifiers.topk import TopK, TopKConfig
@@ -17,6 +18,8 @@ __all__ = [
     "DenseConfig",
     "FixedMask",
     "MaskConfig",
+    "PowerSGD",
+    "PowerSGDConfig",
     "RandomK",
     "RandomKConfig",
     "SIDCo",

@@ -19,6 +19,17 @@ threshold, where the generalized Pareto is the natural model) and raises the
 threshold. ``dist`` picks the models: ``exp`` (every stage exponential), ``gpd``
 (every stage GPD) or ``gamma-gpd`` (gamma first, GPD after).
 
+Stage 1's moments come from a sample (``sample``, default 1 %): the same stratified
+cache-line sample DGC draws (:func:`kernels.select.sample_positions`, seeded per call),
+gathered as float32 magnitudes on the host and summed there in the fixed lane order
+of :mod:`kernels.ordered_sums` (1024 lanes). Every backend gathers the same values
+and the host sums them the same way, so the threshold is bit-identical on every
+device, and the cost is a gather of ``sample * numel`` values plus the one selection
+pass, instead of a full fixed-order float64 pass over the tensor (at 10M values that
+pass cost more than the selection itself). ``sample=1`` restores the full pass. Moments converge
+fast (a 1 % sample of 10M is 100k values), and the count check below and the stage
+adaptation absorb what error is left.
+
 Adaptive stages (SIDCo's rule as we read the paper): after each call the achieved
 count is compared with ``k``. More than ``(1 + tol) k`` means the fitted tail is too
 light for the data (gradients are heavier-tailed than one fit assumes), so the next
@@ -26,11 +37,14 @@ call uses one more stage (up to ``max_stages``); fewer than ``(1 - tol) k`` mean
 opposite and drops a stage (down to 1). The count per tensor is kept in
 ``Sparsifier.state`` (exported with the codec state).
 
-Guards that are ours, not the paper's: a degenerate fit (zero variance, non-finite
-threshold) or a count outside ``[k / 4, 4 k]`` falls back to exact top-k for that
-call, which bounds the payload (the decoder accepts at most ``4 k`` values) and keeps
-a badly chosen family (e.g. ``exp`` on Gaussian data, whose tail it overestimates)
-from sending almost nothing. Tensors below 4096 entries also take exact top-k.
+Guards that are ours, not the paper's: with a sample, stage 1's threshold is first
+checked on it, and a fit that the sample says keeps under a quarter or over four
+times its target is replaced by the sample's own quantile (DGC's estimate, at no
+extra pass), so a badly chosen family (e.g. ``exp`` on Gaussian data, whose tail it
+overestimates) does not send almost nothing; a degenerate fit (zero variance,
+non-finite threshold) or a count outside ``[k / 4, 4 k]`` falls back to exact top-k
+for that call, which bounds the payload (the decoder accepts at most ``4 k`` values).
+Tensors below 4096 entries also take exact top-k.
 """
 
 from __future__ import annotations
@@ -49,19 +63,22 @@ from fedsync.compression.errors import NonFiniteInputError, SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.sparsifiers.topk import exact_topk_kept
 from fedsync.updates import TensorSpec
-from kernels.dispatch import backend_for
+from kernels.dispatch import KernelBackend, backend_for
+from kernels.ordered_sums import LANES2, ordered_abs_moments
 
 __all__ = ["SIDCo", "SIDCoConfig", "fit_threshold"]
 
 DISTRIBUTIONS = ("exp", "gpd", "gamma-gpd")
 _EXACT_BELOW = 1 << 12
 _OVERSHOOT = 4
+_MIN_SAMPLE = 1 << 13
+"""Fewest magnitudes stage 1 fits; a tensor under twice this is read in full."""
 
 
 @register()
 @dataclass(frozen=True)
 class SIDCoConfig(SparsifierConfig):
-    """``sidco:<density>[,dist=exp|gpd|gamma-gpd][,stages=..][,max_stages=..][,tol=..]``.
+    """``sidco:<density>[,dist=..][,stages=..][,max_stages=..][,tol=..][,sample=..]``.
 
     Parameters
     ----------
@@ -75,6 +92,9 @@ class SIDCoConfig(SparsifierConfig):
         Most stages the adaptation may reach, 1 to 8.
     tol : float
         Relative count error that adds (too many) or drops (too few) a stage, in (0, 1).
+    sample : float
+        Fraction of entries stage 1 fits its moments to, in (0, 1] (at least 8192
+        entries; 1 reads every entry).
     """
 
     name: ClassVar[str] = "sidco"
@@ -84,9 +104,11 @@ class SIDCoConfig(SparsifierConfig):
     stages: int = 1
     max_stages: int = 4
     tol: float = 0.2
+    sample: float = 0.01
 
     def __post_init__(self) -> None:
         check_density("sidco", self.density)
+        check_range("sidco", "sample", self.sample, 0.0, 1.0, lo_open=True)
         if self.dist not in DISTRIBUTIONS:
             raise SpecError(
                 f"sidco: dist must be one of {', '.join(DISTRIBUTIONS)}, got {self.dist!r}"
@@ -129,6 +151,22 @@ def fit_threshold(family: str, mean: float, var: float, delta: float) -> float |
     return eta if math.isfinite(eta) and eta >= 0 else None
 
 
+def _checked_on_sample(eta: float | None, sample: np.ndarray, delta: float) -> float | None:
+    """Stage 1's threshold, or the sample's own ``delta`` quantile when the sample
+    already shows that the fitted family misses the data by more than the overshoot
+    factor (e.g. an exponential fit to Gaussian magnitudes keeps ~2 % of ``k``): the
+    sample is at hand, so this costs no pass over the tensor, where finding out from
+    the count would cost one, and an exact top-k another."""
+    s = sample.shape[0]
+    want = delta * s
+    if eta is not None:
+        hits = int(np.count_nonzero(sample > np.float32(eta)))
+        if want / _OVERSHOOT <= hits <= _OVERSHOOT * want:
+            return eta
+    rank = max(1, min(s, round(want)))
+    return float(np.partition(sample, s - rank)[s - rank])
+
+
 class SIDCo(Sparsifier):
     """Multi-stage fitted thresholds with an adaptive number of stages."""
 
@@ -143,6 +181,19 @@ class SIDCo(Sparsifier):
         if stored is None:
             return self.config.stages
         return int(min(max(int(stored[0]), 1), self.config.max_stages))
+
+    def _stage_one_moments(
+        self, backend: KernelBackend, x: torch.Tensor, seed: int
+    ) -> tuple[tuple[float, float], int, np.ndarray | None]:
+        """``(sum |v|, sum v**2)`` over stage 1's magnitudes, their number, and the
+        sample: a seeded sample of ``x`` summed on the host, or all of ``x`` (then no
+        sample; see the module docstring)."""
+        n = x.numel()
+        s = min(n, max(math.ceil(self.config.sample * n), _MIN_SAMPLE))
+        if self.config.sample >= 1.0 or 2 * s > n:
+            return backend.abs_moments(x), n, None
+        sample = backend.sample_abs(x, s, seed)
+        return ordered_abs_moments(sample, lanes=LANES2), int(sample.shape[0]), sample
 
     def _family(self, stage: int) -> str:
         if self.config.dist == "gamma-gpd":
@@ -162,13 +213,15 @@ class SIDCo(Sparsifier):
         if n < _EXACT_BELOW or k == n:
             return exact_topk_kept(x, k)
         backend = backend_for(x)
-        sum_abs, sum_sq = backend.abs_moments(x)
+        (sum_abs, sum_sq), m, sample = self._stage_one_moments(backend, x, seed)
         if not (math.isfinite(sum_abs) and math.isfinite(sum_sq)):
             raise NonFiniteInputError(f"tensor {name!r} holds NaN or Inf")
         stages = self.stages_for(name)
         delta = self.config.density ** (1.0 / stages)
-        mean = sum_abs / n
-        eta = fit_threshold(self._family(0), mean, max(sum_sq / n - mean * mean, 0.0), delta)
+        mean = sum_abs / m
+        eta = fit_threshold(self._family(0), mean, max(sum_sq / m - mean * mean, 0.0), delta)
+        if sample is not None:
+            eta = _checked_on_sample(eta, sample, delta)
         if eta is None:
             return exact_topk_kept(x, k)
         # Stage 1 keeps ~delta * n survivors; allow generous slack before giving up.
