@@ -304,7 +304,8 @@ class ClockSection(Section):
 
     clock: str = key("virtual", "virtual (simulated time from the fleet) / wall (deployment)")
     fleet: str = key(
-        "digits-stragglers", "fleet name in simulations/fleets (or a .toml path); empty: uniform devices"
+        "digits-stragglers",
+        "fleet name in simulations/fleets (or a .toml path); empty: uniform devices",
     )
     fleet_assignment: str = key(
         "order", "order (partition-id order, else node id) / random (seeded draw)"
