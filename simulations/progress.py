@@ -12,8 +12,6 @@ stdout is not a TTY or ``CI`` is set, :func:`interactive` is false and nothing i
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,15 +28,9 @@ from rich.progress import (
 )
 
 from fedsync.config import RunConfig
+from fedsync.progress import interactive
 
 __all__ = ["ComparisonProgress", "EventTail", "RunState", "budget_of", "interactive"]
-
-
-def interactive() -> bool:
-    """Whether to draw progress bars: stdout is a terminal and ``CI`` is not set."""
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false"):
-        return False
-    return sys.stdout.isatty()
 
 
 def budget_of(run_config: Mapping[str, Any]) -> int:

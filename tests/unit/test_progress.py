@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.progress import ComparisonProgress, EventTail, RunState, budget_of, interactive
+from fedsync.progress import LoopProgress, interactive
+from simulations.progress import ComparisonProgress, EventTail, RunState, budget_of
 
 
 def test_the_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:
@@ -66,3 +67,17 @@ def test_bars_follow_a_run_to_its_end(tmp_path: Path) -> None:
         bars.finish("teasq", "finished:completed")
     assert bars.states["teasq"].done == 4
     assert bars.states["teasq"].accuracy == 0.9
+
+
+def test_the_loop_bar_keeps_the_latest_evaluation_and_is_quiet_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    bar = LoopProgress(10, "teasq")
+    assert bar.enabled is False
+    bar.update(1)
+    bar.update(2, accuracy=0.75, sim_time=3.5)
+    bar.update(3)
+    assert bar.status == "acc 0.7500  sim 3.5 s"
+    bar.close()
+    bar.close()
