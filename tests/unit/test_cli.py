@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedsync.cli import app, parse_run_config, shipped
 from fedsync.config import SettingsError
+from simulations.cli import app, parse_run_config, shipped
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

@@ -12,7 +12,8 @@ keeps running afterwards (plain ``flwr run`` leaves Flower's local SuperLink beh
 Run-config keys are checked against :func:`fedsync.config.check_keys` before Flower is
 called; an unknown key is named with the closest valid one. ``deploy`` is
 ``fedsync-deploy``. There is no sparsity-analysis subcommand: the project has no such
-tool yet.
+tool yet. The command lives here, at the top of the imports (``kernels <- fedsync <-
+clients, server <- simulations``), because it drives the simulations and the deployment.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ __all__ = ["app", "main", "parse_run_config", "shipped"]
 def shipped(kind: str) -> dict[str, str]:
     """The scenarios (``kind="scenarios"``) or fleets (``"fleets"``) that ship, name ->
     one-line description, read from ``simulations/<kind>/*.toml``."""
-    folder = Path(__file__).resolve().parents[1] / "simulations" / kind
+    folder = Path(__file__).resolve().parent / kind
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.toml")):
         try:
