@@ -123,6 +123,7 @@ def run(
 ) -> None:
     """One simulation of the app (the defaults: fedsync's TEASQ mode on digits)."""
     from fedsync.deploy import DeploymentError, LocalSuperLink
+    from simulations.cleanup import stop_superlink
     from simulations.scenario import PROJECT_ROOT
 
     try:
@@ -148,7 +149,7 @@ def run(
     except DeploymentError as err:
         raise _fail(str(err)) from err
     finally:
-        link.stop()
+        stop_superlink(link)
     folder = Path(str(values["results-dir"])) / str(values["run-name"])
     typer.echo(f"[fedsync] run {outcome.run_id}: {outcome.status}; results in {folder}")
     if not outcome.completed:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsync.deploy import DeploymentError, LocalSuperLink
+from simulations.cleanup import stop_superlink
 from simulations.progress import ComparisonProgress, budget_of
 from simulations.report import fmt, mb, short_table, write_reports
 from simulations.results import RunResult, build_comparison, read_series
@@ -119,7 +120,7 @@ class ComparisonRunner:
                         self.say("[compare] stopping: a run timed out")
                         break
         finally:
-            link.stop()
+            stop_superlink(link)
         return results
 
     def _run_one(self, link: LocalSuperLink, label: str) -> RunResult:
