@@ -74,6 +74,11 @@ def _environment() -> None:
     scripts = str(Path(sys.executable).parent)
     if scripts not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
+    # Ray's init, which Flower's simulation engine calls without an address, joins the
+    # last cluster `ray start` recorded on this machine (/tmp/ray/ray_current_cluster),
+    # even a stopped or unreachable one, and the run then hangs. Start a private local
+    # instance unless the user points RAY_ADDRESS at a cluster on purpose.
+    os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 def parse_run_config(items: list[str]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ starts, and the help lists what ships. (What runs Flower is tested for real in
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,15 @@ def test_a_bad_value_and_a_malformed_string_fail_before_flower() -> None:
 def test_valid_overrides_parse_as_toml_literals() -> None:
     values = parse_run_config(["strategy='fedavg' num-rounds=5", "stop-at-target=true"])
     assert values == {"strategy": "fedavg", "num-rounds": 5, "stop-at-target": True}
+
+
+def test_simulations_start_their_own_ray_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "placeholder")  # so that the delete is undone
+    monkeypatch.delenv("RAY_ADDRESS")
+    runner.invoke(app, ["run", "-c", "concurency=3"])
+    assert os.environ["RAY_ADDRESS"] == "local"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    runner.invoke(app, ["run", "-c", "concurency=3"])
+    assert os.environ["RAY_ADDRESS"] == "10.0.0.1:6379"
