@@ -114,7 +114,9 @@ def short_table(comparison: Comparison) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
     target = fmt(comparison.target, ".4f")
     return "\n".join([f"target accuracy {target} (MB up/down: to the target)", *lines])
 
