@@ -249,14 +249,14 @@ class CompressionSection(Section):
         "uplink codec spec; {density} and {bits} are filled per task by the schedule",
     )
     density_start: float = key(0.1, "fraction of coordinates kept at model version 0")
-    density_floor: float = key(0.01, "least fraction kept as the schedule decays")
+    density_floor: float = key(0.02, "least fraction kept as the schedule decays")
     density_decay: float = key(
-        0.0, "density decay rate per model version (0: constant; decaying strategies only)"
+        0.04, "density decay rate per model version (0: constant; decaying strategies only)"
     )
     bits_start: int = key(8, "bits per value at model version 0")
     bits_floor: int = key(4, "least bits per value as the schedule decays")
     bits_decay: float = key(
-        0.0, "bit-width decay rate per model version (0: constant; decaying strategies only)"
+        0.04, "bit-width decay rate per model version (0: constant; decaying strategies only)"
     )
     decay_kind: str = key("exponential", "exponential / linear / step")
     downlink_codec: str = key(
@@ -348,7 +348,8 @@ class ClockSection(Section):
 
     clock: str = key("virtual", "virtual (simulated time from the fleet) / wall (deployment)")
     fleet: str = key(
-        "", "fleet name in simulations/fleets (or a .toml path); empty: uniform devices"
+        "digits-stragglers",
+        "fleet name in simulations/fleets (or a .toml path); empty: uniform devices",
     )
     fleet_assignment: str = key(
         "order", "order (partition-id order, else node id) / random (seeded draw)"
@@ -375,7 +376,7 @@ class StopSection(Section):
     max_tasks: int = key(
         0, "stop dispatching after this many tasks (0: 20 x max-aggregations x K + C)"
     )
-    target_accuracy: float = key(0.0, "accuracy whose time/bytes to reach are reported (0: none)")
+    target_accuracy: float = key(0.9, "accuracy whose time/bytes to reach are reported (0: none)")
     stop_at_target: bool = key(False, "end the run when target-accuracy is reached")
 
     def __post_init__(self) -> None:
@@ -517,7 +518,7 @@ class RunConfig:
     Build it with :meth:`from_run_config`; every section validates its own keys.
     """
 
-    strategy: str = "fedavg"
+    strategy: str = "teasq"
     training: TrainingSection = field(default_factory=TrainingSection)
     fedavg: FedAvgSection = field(default_factory=FedAvgSection)
     asynchronous: AsyncSection = field(default_factory=AsyncSection)

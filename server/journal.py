@@ -18,6 +18,7 @@ import torch
 from flwr.common.logger import log
 
 from fedsync.engine import AggregationEngine
+from fedsync.progress import LoopProgress
 from fedsync.reports import RunRecorder, RunSummary, plot_run
 from server.checkpoint import AsyncCheckpoint, restore_tally, tally_state
 
@@ -79,6 +80,8 @@ class RunJournal:
             self._last_checkpoint_version = resume.version
         self._wall_start = time.monotonic()
         self.last_eval_version = -1
+        self.progress = LoopProgress(self.config.stop.max_aggregations, engine.strategy.name)
+        """A bar over the aggregations, drawn only at a terminal outside CI."""
 
     # --- times --------------------------------------------------------------------------------
     @property
@@ -111,6 +114,7 @@ class RunJournal:
             bytes_up=self.tally.bytes_up,
             bytes_down=self.tally.bytes_down,
         )
+        self.progress.update(version)
         if version % self.config.runtime.eval_every == 0:
             self.evaluate()
         if self.checkpoint_every and version % self.checkpoint_every == 0:
@@ -127,6 +131,7 @@ class RunJournal:
         )
         self.last_eval_version = version
         self.recorder.events.write("evaluation", **entry)
+        self.progress.update(version, accuracy=entry["accuracy"], sim_time=now)
         log(
             INFO,
             "[fedsync] v%d: accuracy %.4f, loss %.4f, sim %.1f s, up %d B, down %d B",
@@ -186,6 +191,7 @@ class RunJournal:
         self, stop_reason: str, *, fleet: str, clock: dict[str, Any], **details: Any
     ) -> RunSummary:
         """Final checkpoint, ``summary.json``, plots; returns the summary."""
+        self.progress.close()
         engine = self.engine
         if self.checkpoint_every and self._last_checkpoint_version != engine.version:
             # The end state, for extending a finished run (resume with more aggregations);

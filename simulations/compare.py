@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from fedsync.deploy import DeploymentError, LocalSuperLink
-from simulations.report import fmt, mb, write_reports
+from simulations.cleanup import stop_superlink
+from simulations.progress import ComparisonProgress, budget_of
+from simulations.report import fmt, mb, short_table, write_reports
 from simulations.results import RunResult, build_comparison, read_series
 from simulations.scenario import PROJECT_ROOT, Scenario, ScenarioError, load_scenario
 
@@ -62,6 +64,9 @@ class ComparisonRunner:
         Stream every run's log to stdout.
     say : callable
         Where progress lines go.
+    progress : bool or None
+        Draw progress bars (per strategy and overall); default: only at a terminal
+        outside CI (:func:`simulations.progress.interactive`).
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class ComparisonRunner:
         project_root: Path = PROJECT_ROOT,
         verbose: bool = False,
         say: Callable[[str], None] = print,
+        progress: bool | None = None,
     ) -> None:
         self.scenario = scenario
         self.run_dir = run_dir.resolve()
@@ -79,6 +85,7 @@ class ComparisonRunner:
         self.project_root = project_root
         self.verbose = verbose
         self.say = say
+        self.progress = progress
         self.started_pids: list[int] = []
         """Process (group) ids this runner started: the SuperLink and what it spawned."""
 
@@ -96,18 +103,24 @@ class ComparisonRunner:
         link.start()
         if link.process is not None:
             self.started_pids.append(link.process.pid)
+        budgets = {s.label: budget_of(s.run_config) for s in self.scenario.strategies}
+        # Streaming every run's log and drawing bars would fight over the terminal.
+        bars = ComparisonProgress(budgets, enabled=False if self.verbose else self.progress)
         try:
-            for spec in self.scenario.strategies:
-                result = self._run_one(link, spec.label)
-                results.append(result)
-                self.say(_progress_line(result, len(results), len(self.scenario.strategies)))
-                if result.status == "timeout":
-                    # The run may still hold the simulation engine; later runs would
-                    # queue behind it and time out too.
-                    self.say("[compare] stopping: a run timed out")
-                    break
+            with bars:
+                for spec in self.scenario.strategies:
+                    bars.watch(spec.label, self.results_dir / spec.label / "events.jsonl")
+                    result = self._run_one(link, spec.label)
+                    bars.finish(spec.label, result.status)
+                    results.append(result)
+                    self.say(_progress_line(result, len(results), len(self.scenario.strategies)))
+                    if result.status == "timeout":
+                        # The run may still hold the simulation engine; later runs would
+                        # queue behind it and time out too.
+                        self.say("[compare] stopping: a run timed out")
+                        break
         finally:
-            link.stop()
+            stop_superlink(link)
         return results
 
     def _run_one(self, link: LocalSuperLink, label: str) -> RunResult:
@@ -192,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparison = build_comparison(scenario, results)
     for path in write_reports(comparison, out):
         print(f"[compare] wrote {path}")
-    print((out / "comparison.md").read_text(encoding="utf-8"))
+    print(f"\n{short_table(comparison)}\n")
+    print(f"[compare] figure: {out / 'comparison.png'}; full table: {out / 'comparison.md'}")
     missing = [s.label for s in scenario.strategies if s.label not in {r.label for r in results}]
     if not comparison.all_completed or missing:
         failed = [r.label for r in results if not r.completed] + missing

@@ -27,6 +27,7 @@ __all__ = [
     "mb",
     "plot_comparison",
     "plot_staleness",
+    "short_table",
     "write_markdown",
     "write_reports",
 ]
@@ -92,6 +93,32 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
     lines += _staleness_table(comparison)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def short_table(comparison: Comparison) -> str:
+    """The few numbers a first look needs, one line per strategy: accuracy, simulated
+    time and MB up and down to the target (plain text, for the terminal)."""
+    head = ("strategy", "final acc", "sim s to target", "MB up", "MB down", "x baseline time")
+    rows = [head]
+    for row in comparison.rows:
+        hit = row["target"]
+        reached = bool(hit["reached"])
+        rows.append(
+            (
+                row["label"],
+                fmt(row["final_accuracy"], ".4f"),
+                fmt(hit["sim_time"], ".1f") if reached else "not reached",
+                mb(hit["bytes_up"]) if reached else "-",
+                mb(hit["bytes_down"]) if reached else "-",
+                fmt(row["ratios_vs_baseline"]["time_to_target"], ".3f"),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    target = fmt(comparison.target, ".4f")
+    return "\n".join([f"target accuracy {target} (MB up/down: to the target)", *lines])
 
 
 def _bin_name(lo: int, hi: int | None) -> str:

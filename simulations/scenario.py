@@ -158,7 +158,7 @@ class StrategySpec:
     @property
     def strategy(self) -> str:
         """The ``strategy`` run-config value (``fedavg``, ``teasq`` ...)."""
-        return str(self.run_config.get("strategy", "fedavg"))
+        return str(self.run_config.get("strategy", RunConfig.strategy))
 
 
 @dataclass(frozen=True)

@@ -506,14 +506,19 @@ def _stream_command(
         log_path.open("w", encoding="utf-8") as log_file,
     ):
         assert cli.stdout is not None
-        for line in cli.stdout:
-            lines.append(line)
-            log_file.write(line)
-            if echo:
-                print(line, end="", flush=True)
-            if time.monotonic() > deadline:
-                cli.kill()
-                raise DeploymentError(f"{command[1]} did not finish within {timeout:.0f}s")
+        try:
+            for line in cli.stdout:
+                lines.append(line)
+                log_file.write(line)
+                if echo:
+                    print(line, end="", flush=True)
+                if time.monotonic() > deadline:
+                    raise DeploymentError(f"{command[1]} did not finish within {timeout:.0f}s")
+        except BaseException:
+            # A timeout, Ctrl-C or SIGTERM: Popen's exit would wait for the CLI, which
+            # streams until the run ends.
+            cli.kill()
+            raise
         cli.wait(timeout=30)
     return "".join(lines)
 

@@ -25,6 +25,7 @@ def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
         outcome = deployment.run_app(
             project_root,
             {
+                "strategy": "fedavg",
                 "num-rounds": 2,
                 "local-epochs": 1,
                 "min-train-nodes": 3,

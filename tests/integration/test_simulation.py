@@ -26,6 +26,7 @@ def test_fedavg_simulation_learns_and_counts_bytes(tmp_path: Path, project_root:
         outcome = link.run_app(
             project_root,
             {
+                "strategy": "fedavg",
                 "num-rounds": 2,
                 "local-epochs": 1,
                 "results-dir": str(results),

@@ -1,0 +1,223 @@
+"""The ``fedsync`` command: what users do, one subcommand each.
+
+::
+
+    fedsync compare quickstart                 # fedsync's mode against Flower's FedAvg
+    fedsync run --run-config "strategy='fedavg' num-rounds=5"
+    fedsync deploy --nodes 3 --run-config "strategy='teasq' clock='wall'"
+
+``run`` and ``compare`` go through :class:`fedsync.deploy.LocalSuperLink`: a simulation
+SuperLink started for the command and stopped at its end by process id, so nothing
+keeps running afterwards (plain ``flwr run`` leaves Flower's local SuperLink behind).
+Run-config keys are checked against :func:`fedsync.config.check_keys` before Flower is
+called; an unknown key is named with the closest valid one. ``deploy`` is
+``fedsync-deploy``. There is no sparsity-analysis subcommand: the project has no such
+tool yet. The command lives here, at the top of the imports (``kernels <- fedsync <-
+clients, server <- simulations``), because it drives the simulations and the deployment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fedsync.config import RunConfig, SettingsError, check_keys
+
+__all__ = ["app", "main", "parse_run_config", "shipped"]
+
+
+def shipped(kind: str) -> dict[str, str]:
+    """The scenarios (``kind="scenarios"``) or fleets (``"fleets"``) that ship, name ->
+    one-line description, read from ``simulations/<kind>/*.toml``."""
+    folder = Path(__file__).resolve().parent / kind
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.toml")):
+        try:
+            with path.open("rb") as file:
+                data = tomllib.load(file)
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        description = " ".join(str(data.get("description", "")).split())
+        found[str(data.get("name", path.stem))] = description
+    return found
+
+
+def _listing() -> str:
+    lines = ["Scenarios (fedsync compare NAME):", ""]
+    lines += [f"  {name}: {text}" for name, text in shipped("scenarios").items()]
+    lines += ["", "Fleets (run-config fleet=NAME):", ""]
+    lines += [f"  {name}: {text}" for name, text in shipped("fleets").items()]
+    return "\n\n".join(lines)
+
+
+app = typer.Typer(
+    name="fedsync",
+    help="Federated training with sparsified, quantized, asynchronous updates on Flower.",
+    epilog=_listing(),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _environment() -> None:
+    # Flower's SuperLink starts ``flower-superexec`` from PATH: make this environment's
+    # scripts found even when it is not activated (``.venv/bin/fedsync ...``).
+    scripts = str(Path(sys.executable).parent)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
+    # Ray's init, which Flower's simulation engine calls without an address, joins the
+    # last cluster `ray start` recorded on this machine (/tmp/ray/ray_current_cluster),
+    # even a stopped or unreachable one, and the run then hangs. Start a private local
+    # instance unless the user points RAY_ADDRESS at a cluster on purpose.
+    os.environ.setdefault("RAY_ADDRESS", "local")
+
+
+def parse_run_config(items: list[str]) -> dict[str, Any]:
+    """Flower's ``--run-config`` syntax (``key=value`` TOML literals, space-separated),
+    every key checked against the app's.
+
+    Raises
+    ------
+    fedsync.config.SettingsError
+        On a malformed string, an unknown key (naming the closest valid one) or a value
+        of the wrong type or out of range.
+    """
+    import click
+    from flwr.common.config import parse_config_args
+
+    for item in items:
+        for token in item.split():
+            if "=" not in token and not Path(token).is_file():
+                raise SettingsError(f"run config: expected key=value, got {token!r}")
+    try:
+        values = dict(parse_config_args(items))
+    except click.ClickException as err:
+        raise SettingsError(f"run config: {err.message}") from err
+    check_keys(values)
+    RunConfig.from_run_config(values)  # types and ranges, before Flower starts
+    return values
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def run(
+    run_config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--run-config",
+            "-c",
+            help="run-config overrides, e.g. \"strategy='fedavg' num-rounds=5\" (repeatable)",
+        ),
+    ] = None,
+    supernodes: Annotated[int, typer.Option(help="simulated nodes")] = 10,
+    timeout: Annotated[float, typer.Option(help="longest run in real seconds")] = 900.0,
+    quiet: Annotated[bool, typer.Option(help="do not stream the run's log")] = False,
+) -> None:
+    """One simulation of the app (the defaults: fedsync's TEASQ mode on digits)."""
+    from fedsync.deploy import DeploymentError, LocalSuperLink
+    from simulations.cleanup import stop_superlink
+    from simulations.scenario import PROJECT_ROOT
+
+    try:
+        values = parse_run_config(run_config or [])
+    except SettingsError as err:
+        raise _fail(str(err)) from err
+    if supernodes < 1:
+        raise _fail("--supernodes must be >= 1")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    values.setdefault("results-dir", str(Path.cwd() / "results"))
+    values.setdefault("run-name", stamp)
+    link = LocalSuperLink(PROJECT_ROOT / "runs" / "run" / stamp, simulation=True)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    link.start()
+    try:
+        outcome = link.run_app(
+            PROJECT_ROOT,
+            values,
+            federation_config={"num-supernodes": supernodes, "client-resources-num-cpus": 1},
+            timeout=timeout,
+            echo=not quiet,
+        )
+    except DeploymentError as err:
+        raise _fail(str(err)) from err
+    finally:
+        stop_superlink(link)
+    folder = Path(str(values["results-dir"])) / str(values["run-name"])
+    typer.echo(f"[fedsync] run {outcome.run_id}: {outcome.status}; results in {folder}")
+    if not outcome.completed:
+        typer.echo(outcome.details or outcome.output[-2000:], err=True)
+        raise typer.Exit(1)
+
+
+@app.command(epilog="Scenarios: " + ", ".join(shipped("scenarios")))
+def compare(
+    scenario: Annotated[str, typer.Argument(help="a shipped scenario name or a .toml path")],
+    out: Annotated[str, typer.Option(help="folder for comparison.json/.md/.png")] = "",
+    only: Annotated[str, typer.Option(help="comma-separated strategy labels")] = "",
+    scale: Annotated[float, typer.Option(help="multiply every run's length")] = 1.0,
+    run_dir: Annotated[str, typer.Option(help="folder for the SuperLink and runs")] = "",
+    verbose: Annotated[bool, typer.Option(help="stream every run's log")] = False,
+) -> None:
+    """Run every strategy of a scenario on the simulation engine and compare them."""
+    from simulations.compare import main as compare_main
+
+    argv = [scenario, "--scale", str(scale)]
+    argv += ["--out", out] if out else []
+    argv += ["--only", only] if only else []
+    argv += ["--run-dir", run_dir] if run_dir else []
+    argv += ["--verbose"] if verbose else []
+    raise typer.Exit(compare_main(argv))
+
+
+@app.command(
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    add_help_option=False,
+)
+def deploy(ctx: typer.Context) -> None:
+    """A real deployment on this machine: SuperLink and SuperNodes over gRPC
+    (fedsync-deploy; `fedsync deploy --help` for its options)."""
+    from fedsync.deploy.cli import main as deploy_main
+
+    args = list(ctx.args)
+    for index, arg in enumerate(args[:-1]):
+        if arg == "--run-config":
+            try:
+                check_keys(_keys_of(args[index + 1]))
+            except SettingsError as err:
+                raise _fail(str(err)) from err
+    raise typer.Exit(deploy_main(args))
+
+
+def _keys_of(config: str) -> list[str]:
+    return [token.split("=", 1)[0] for token in config.split() if "=" in token]
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    # SIGTERM must reach the ``finally`` that stops the SuperLink.
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    """The console script."""
+    app(prog_name="fedsync")
+
+
+if __name__ == "__main__":
+    main()
