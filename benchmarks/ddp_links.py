@@ -230,7 +230,7 @@ def _launch(
         *wrap, sys.executable, "-m", "benchmarks.ddp_links", "--worker",
         "--rank", str(rank), "--master", master, "--port", str(port), "--ifname", ifname,
         "--out", str(out), "--steps", str(args.steps), "--batch", str(args.batch),
-        "--methods", methods, "--data-dir", args.data_dir,
+        "--methods", methods, "--data-dir", args.data_dir, "--timeout", str(args.timeout),
     ]  # fmt: skip
     if interface:
         command += ["--interface", interface]
@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     results = []
     started = time.time()
+    load_before = os.getloadavg()
     for rate in rates:
         res = run_rate(rate, args, methods, tmp)
         for row in res["rows"]:
@@ -423,14 +424,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         res["targets"] = _targets(res)
         results.append(res)
-    loads = [os.getloadavg()]
     report = {
         "command": "python -m benchmarks.ddp_links " + " ".join(argv or sys.argv[1:]),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "torch": torch.__version__,
-            "load_before_after": loads,
+            "load_before_after": [load_before, os.getloadavg()],
         },
         "setup": {
             "model": f"mlp {HIDDEN}",
@@ -446,7 +446,6 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.time() - started,
         "results": results,
     }
-    loads.append(os.getloadavg())
     for part in tmp.iterdir():
         part.unlink()
     tmp.rmdir()
