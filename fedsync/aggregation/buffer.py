@@ -4,7 +4,8 @@ FedBuff and TEASQ-Fed aggregate once ``K`` updates are cached. The cache never h
 the updates themselves: each arriving :class:`~fedsync.updates.SparseTensor` is
 scatter-added (``index_add_``) with its weight into one dense float32 accumulator per
 model tensor, so memory is one model's worth whatever ``K`` is, and an update is never
-densified on its own.
+densified on its own. Low-rank updates (PowerSGD's ``P Q^T``) are kept as their factors,
+``r (m + n)`` floats each, and added with one matrix product when the buffer is taken.
 
 Exactly ``K``: :meth:`UpdateBuffer.add` refuses a ``K+1``-th update until
 :meth:`UpdateBuffer.take` has emptied the cache. (An async strategy that appends
@@ -22,7 +23,7 @@ from typing import Literal
 import torch
 
 from fedsync.aggregation.validation import InvalidUpdate, validate_dense, validate_update
-from fedsync.updates import SparseTensor, TensorSpec
+from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, accumulate_lowrank
 from kernels.triton import scatter_add_
 
 __all__ = ["BufferFull", "BufferNotReady", "BufferedAggregate", "UpdateBuffer"]
@@ -98,6 +99,7 @@ class UpdateBuffer:
             name: torch.zeros(spec.numel, dtype=torch.float32, device=self.device)
             for name, spec in self.specs.items()
         }
+        self._lowrank: dict[str, list[tuple[float, LowRankTensor]]] = {}
         self._count = 0
         self._weight_sum = 0.0
 
@@ -147,9 +149,14 @@ class UpdateBuffer:
             )
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"update weight must be finite and >= 0, got {weight}")
-        sparse = {n: t for n, t in update.items() if isinstance(t, SparseTensor)}
+        lowrank = {n: t for n, t in update.items() if isinstance(t, LowRankTensor)}
+        sparse = {
+            n: t
+            for n, t in update.items()
+            if isinstance(t, SparseTensor) and not isinstance(t, LowRankTensor)
+        }
         dense = {n: t for n, t in update.items() if not isinstance(t, SparseTensor)}
-        validate_update(sparse, self.specs, require_all=False)
+        validate_update({**sparse, **lowrank}, self.specs, require_all=False)
         validate_dense(dense, self.specs)
         missing = sorted(set(self.specs) - set(update))
         if missing:
@@ -166,6 +173,14 @@ class UpdateBuffer:
         for name, array in dense.items():
             flat = array.reshape(-1).to(self.device, dtype=torch.float32)
             self._sums[name].add_(flat, alpha=weight)
+        for name, factors in lowrank.items():
+            # Kept as factors (r * (m + n) floats); take() adds them all with one product.
+            moved = LowRankTensor(
+                factors.spec,
+                factors.p.to(self.device, torch.float32),
+                factors.q.to(self.device, torch.float32),
+            )
+            self._lowrank.setdefault(name, []).append((float(weight), moved))
         self._count += 1
         self._weight_sum += float(weight)
         return self._count
@@ -182,6 +197,8 @@ class UpdateBuffer:
             raise BufferNotReady(
                 f"buffer holds {self._count} of K={self.capacity} updates; aggregate only at K"
             )
+        for name, terms in self._lowrank.items():
+            accumulate_lowrank(self._sums[name], terms)
         if self.normalization == "count":
             scale = 1.0 / self._count
         else:
@@ -198,5 +215,6 @@ class UpdateBuffer:
         """Drop whatever is cached (the run ended between aggregations)."""
         for acc in self._sums.values():
             acc.zero_()
+        self._lowrank.clear()
         self._count = 0
         self._weight_sum = 0.0

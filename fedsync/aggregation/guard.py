@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from fedsync.updates import SparseTensor
+from fedsync.updates import LowRankTensor, SparseTensor
 
 if TYPE_CHECKING:
     from fedsync.config import GuardSection
@@ -43,6 +43,10 @@ def update_norm(update: Mapping[str, SparseTensor]) -> float:
     """The L2 norm of a sparse update over all its tensors (float64 sum of squares)."""
     total = 0.0
     for tensor in update.values():
+        if isinstance(tensor, LowRankTensor):  # ||P Q^T||^2 = sum((P^T P) * (Q^T Q))
+            p, q = tensor.p.double(), tensor.q.double()
+            total += float(((p.T @ p) * (q.T @ q)).sum())
+            continue
         values = tensor.values.double()
         total += float((values * values).sum())
     return math.sqrt(total)

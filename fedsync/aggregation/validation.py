@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from fedsync.updates import SparseTensor, TensorSpec
+from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec
 
 __all__ = ["InvalidUpdate", "validate_dense", "validate_update"]
 
@@ -63,6 +63,11 @@ def _validate_tensor(name: str, tensor: SparseTensor, spec: TensorSpec) -> None:
         raise InvalidUpdate(
             f"tensor {name!r}: shape {tuple(tensor.spec.shape)} != model shape {tuple(spec.shape)}"
         )
+    if isinstance(tensor, LowRankTensor):  # factors: check them, never form the product
+        for field, factor in (("P", tensor.p), ("Q", tensor.q)):
+            if factor.dtype != torch.float32 or not bool(torch.isfinite(factor).all()):
+                raise InvalidUpdate(f"tensor {name!r}: factor {field} is not finite float32")
+        return
     indices, values = tensor.indices, tensor.values
     if indices.dtype != torch.int64 or indices.dim() != 1:
         raise InvalidUpdate(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_async_loop import run, task_identity
+from tests.unit.test_async_run import run, task_identity
 
 __all__ = ["task_identity"]  # the autouse fixture Flower's Message() needs
 

@@ -15,7 +15,7 @@ from fedsync.aggregation import (
     validate_update,
 )
 from fedsync.aggregation.buffer import Normalization
-from fedsync.updates import SparseTensor, TensorSpec
+from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec
 
 SPECS = {"w": TensorSpec("w", (4, 3)), "b": TensorSpec("b", (5,))}
 
@@ -200,3 +200,25 @@ def test_zero_weights_move_nowhere() -> None:
     buffer = UpdateBuffer(SPECS, capacity=1, normalization="weight")
     buffer.add({"w": sparse("w", [0], [5.0]), "b": sparse("b", [], [])}, 0.0)
     assert float(buffer.take().update["w"].abs().sum()) == 0.0
+
+
+def test_low_rank_updates_are_kept_as_factors_and_added_once() -> None:
+    """K PowerSGD-style updates: the buffer holds factors, never one product per update,
+    and takes the same weighted mean as their dense sum."""
+    spec = TensorSpec("w", (12, 3, 2))
+    gen = torch.Generator().manual_seed(4)
+    updates = [
+        LowRankTensor(spec, torch.randn(12, 2, generator=gen), torch.randn(6, 2, generator=gen))
+        for _ in range(3)
+    ]
+    weights = [0.5, 1.0, 2.0]
+    buffer = UpdateBuffer({"w": spec}, capacity=3, normalization="weight")
+    for update, weight in zip(updates, weights, strict=True):
+        buffer.add({"w": update}, weight)
+        assert update._values is None  # the product was never formed for one update
+    mean = buffer.take().update["w"]
+    dense = sum(w * u.to_dense() for w, u in zip(weights, updates, strict=True)) / sum(weights)
+    torch.testing.assert_close(mean, dense)
+    bad = LowRankTensor(spec, torch.full((12, 1), float("nan")), torch.ones(6, 1))
+    with pytest.raises(InvalidUpdate, match="factor P"):
+        UpdateBuffer({"w": spec}, capacity=1).add({"w": bad}, 1.0)
