@@ -105,8 +105,11 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _worker(rank: int, port: int, scenario: str, data_dir: str, out: str) -> None:
+    import numba
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    numba.set_num_threads(1)  # two ranks share the CI box; numba's pool would spin on both
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     result: dict[str, Any] = {}
     try:
