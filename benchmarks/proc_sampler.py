@@ -13,12 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-PROC = Path("/proc")
+from fedsync.deploy.proctree import descendants, process_name, rss_bytes
 
 
 @dataclass(frozen=True)
@@ -28,63 +27,6 @@ class Sample:
     t: float
     progress: int
     rss: dict[int, int]
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name may hold spaces; the fields after it start at ") ".
-    return stat[stat.rindex(")") + 2 :].split()
-
-
-def descendants(root: int) -> list[int]:
-    """``root`` and every live process below it (zombies left out)."""
-    children: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is None or fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
-
-
-def rss_bytes(pid: int) -> int | None:
-    """``VmRSS`` of ``pid`` in bytes, or None when it is gone (or a kernel thread)."""
-    try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def process_name(pid: int) -> str:
-    """A short name: Ray's process title (``ray::ClientAppActor``) or the executable."""
-    try:
-        argv = (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return "?"
-    argv = [a for a in argv if a]
-    if not argv:
-        return "?"
-    first = argv[0]
-    if first.startswith("ray::"):
-        return first.split()[0]
-    # "python -m x" / "python /path/flwr-simulation": name the script, not the interpreter.
-    if Path(first).name.startswith("python") and len(argv) > 1:
-        rest = argv[2] if argv[1] == "-m" and len(argv) > 2 else argv[1]
-        return Path(rest).name
-    return Path(first).name
 
 
 @dataclass
