@@ -82,7 +82,7 @@ def run_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
         "eval-every": max(1, args.updates // args.buffer_size // 4),
         "fraction-evaluate": 0.0,
         "plots": False,
-        "probe-timeout": 600.0,
+        "probe-timeout": args.probe_timeout,
         "node-wait": 600.0,
         "results-dir": str(results_dir),
         "run-name": "scale",
@@ -231,6 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--buffer-size", type=int, default=10)
     parser.add_argument("--cpus-per-client", type=int, default=1)
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=900.0,
+        help="seconds the server asks nodes for their partition ids before it starts; "
+        "nodes that have not answered by then are ordered by node id",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling seconds")
     parser.add_argument("--warmup", type=float, default=0.2, help="fraction of the updates")
     parser.add_argument("--timeout", type=float, default=1500.0)
