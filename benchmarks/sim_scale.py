@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -248,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="sim-scale-")).resolve()
     results_dir = run_dir / "results"
     config = run_config(args, results_dir)
+    ray_tmpdir = ""
+    if not os.environ.get("RAY_ADDRESS"):
+        # Without an address ray.init() joins the cluster the last `ray start` on this
+        # machine wrote into <ray temp>/ray_current_cluster (anyone's, even a dead one):
+        # a private temp root makes the simulation start its own Ray.
+        ray_tmpdir = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
     link = LocalSuperLink(run_dir / "superlink", simulation=True)
     counter = EventCounter(results_dir / "scale" / "events.jsonl")
     started = time.monotonic()
@@ -274,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.monotonic() - started
         sampler.stop()
         link.stop()
+        if ray_tmpdir:
+            shutil.rmtree(ray_tmpdir, ignore_errors=True)
     print(f"[sim_scale] {args.nodes} nodes: {status} in {wall:.1f} s ({details})", flush=True)
 
     events_path = results_dir / "scale" / "events.jsonl"
@@ -314,8 +324,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 

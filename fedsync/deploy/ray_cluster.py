@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +81,11 @@ class LocalRayCluster:
             raise ValueError("Ray node names must be unique")
         self.workdir = self.workdir.resolve()
         self.gcs_port = free_port(self.host)
+        # Ray's temp root (sessions, sockets, and the "last cluster started here" file
+        # that ray.init() without an address connects to): private, so this cluster
+        # never becomes the one other simulations on the machine join, and is short,
+        # since Unix socket paths under it are limited to 107 bytes.
+        self.ray_tmpdir = Path(tempfile.mkdtemp(prefix="fsray-", dir="/tmp"))
         self._tree: set[int] = set()
 
     @property
@@ -162,6 +169,7 @@ class LocalRayCluster:
     def _node_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env["RAY_TMPDIR"] = str(self.ray_tmpdir)
         return env
 
     def status(self) -> str:
@@ -217,7 +225,9 @@ class LocalRayCluster:
         self._remember_tree()
         for process in reversed(self.processes):
             process.stop(grace=grace)
-        return terminate_pids(sorted(self._tree), grace=grace)
+        killed = terminate_pids(sorted(self._tree), grace=grace)
+        shutil.rmtree(self.ray_tmpdir, ignore_errors=True)
+        return killed
 
     def __enter__(self) -> LocalRayCluster:
         return self.start()

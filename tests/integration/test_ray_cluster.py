@@ -28,7 +28,7 @@ from fedsync.deploy.local import _flwr_bin
 from fedsync.deploy.proctree import alive, cmdline, descendants, process_name
 from fedsync.deploy.ray_cluster import LocalRayCluster, RayNodeSpec
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 RAY_DAEMONS = ("gcs_server", "raylet")
 
