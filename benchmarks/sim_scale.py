@@ -120,7 +120,23 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def codec_seconds(
     model_name: str, dataset: str, uplink_spec: str, downlink_spec: str, repeats: int = 30
 ) -> dict[str, float]:
-    """Median seconds of one downlink decode and one uplink encode on the run's model."""
+    """Median seconds of one downlink decode and one uplink encode on the run's model.
+
+    Timed on one thread, as in a ClientApp actor with one CPU (Ray sets
+    ``OMP_NUM_THREADS=1`` there): on a busy machine torch's default thread pool makes
+    the same calls many times slower.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _codec_seconds(model_name, dataset, uplink_spec, downlink_spec, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _codec_seconds(
+    model_name: str, dataset: str, uplink_spec: str, downlink_spec: str, repeats: int
+) -> dict[str, float]:
     model = build_model(model_name, 10, INPUT_SHAPES[dataset], dataset=dataset, seed=0)
     state = model_state(model)
     specs = tensor_specs(state)
