@@ -95,15 +95,19 @@ def rss_report(
     """Per-process and whole-tree RSS: peak, first/last, slope after warm-up.
 
     Slopes are least-squares fits over the samples taken once progress reached
-    ``warmup_progress``: ``mb_per_1k_updates`` against progress, ``mb_per_minute``
+    ``warmup_progress`` and until it reached its final value (later samples are the
+    teardown): ``mb_per_1k_updates`` against progress, ``mb_per_minute``
     against time. A process that was not alive for at least three such samples has no
     slope.
     """
     mb = 1024.0 * 1024.0
+    # The window ends when progress reached its last value: later samples are teardown.
+    final = max((s.progress for s in samples), default=0)
+    end = next((s.t for s in samples if s.progress == final), float("inf"))
     processes = []
     for pid in sorted({pid for s in samples for pid in s.rss}):
         seen = [s for s in samples if pid in s.rss]
-        after = [s for s in seen if s.progress >= warmup_progress]
+        after = [s for s in seen if s.progress >= warmup_progress and s.t <= end]
         x_u = np.array([s.progress for s in after], dtype=float)
         x_t = np.array([s.t for s in after], dtype=float)
         y = np.array([s.rss[pid] / mb for s in after])
@@ -125,7 +129,7 @@ def rss_report(
             }
         )
     total = np.array([sum(s.rss.values()) / mb for s in samples])
-    late = [i for i, s in enumerate(samples) if s.progress >= warmup_progress]
+    late = [i for i, s in enumerate(samples) if s.progress >= warmup_progress and s.t <= end]
     slope_u = _slope(np.array([samples[i].progress for i in late], dtype=float), total[late])
     return {
         "warmup_updates": warmup_progress,
