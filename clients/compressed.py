@@ -30,6 +30,7 @@ from clients.runtime import ClientRuntime, LocalTraining
 from clients.state_store import CodecStateStore
 from fedsync import protocol
 from fedsync.codec import UpdateCodec, specs_of
+from fedsync.config import RunConfig
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.records import get_int
 from fedsync.task import model_state, tensor_specs
@@ -55,7 +56,11 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     template = model_state(model)
     specs = tensor_specs(template)
 
-    start = _apply_downlink(task.payload, task.downlink_kind, specs, context)
+    # Only a run with delta downlinks needs the decoded model kept for the next task: in
+    # the simulation every node's context stays in one process, and a model per node
+    # there grows with the number of nodes for nothing.
+    keep_base = RunConfig.from_run_config(context.run_config).compression.downlink_kind == "delta"
+    start = _apply_downlink(task.payload, task.downlink_kind, specs, context, keep_base=keep_base)
     model.load_state_dict(start, strict=False)
     model.to(runtime.device)
 
@@ -107,9 +112,14 @@ def _encode_uplink(
 
 
 def _apply_downlink(
-    payload: bytes, kind: str, specs: Mapping[str, TensorSpec], context: Context
+    payload: bytes,
+    kind: str,
+    specs: Mapping[str, TensorSpec],
+    context: Context,
+    *,
+    keep_base: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Decode the downlink into the model to start from, and remember it."""
+    """Decode the downlink into the model to start from; remember it if ``keep_base``."""
     decoded = densify(UpdateCodec().decode(payload, expected=specs))
     if kind == "full":
         start = decoded
@@ -125,6 +135,9 @@ def _apply_downlink(
         }
     else:
         raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
+    if not keep_base:
+        context.state.array_records.pop(DOWNLINK_BASE, None)
+        return start
     context.state.array_records[DOWNLINK_BASE] = ArrayRecord(
         {name: Array(tensor.numpy()) for name, tensor in start.items()}
     )

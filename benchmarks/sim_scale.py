@@ -1,0 +1,362 @@
+"""Scale of the simulation path: many simulated nodes, many updates, one machine.
+
+::
+
+    python -m benchmarks.sim_scale                          # 1,000 nodes, 10,000 updates
+    python -m benchmarks.sim_scale --updates 1000           # a quick iteration
+    python -m benchmarks.sim_scale --nodes 10000 --updates 200 \
+        --out benchmarks/results/sim_scale_10k.json
+
+The real Flower app runs with ``flwr run`` on a ``flower-superlink --simulation``
+(Flower's simulation engine on Ray): fedsync's asynchronous mode (TEASQ, compression
+both ways) on Fashion-MNIST (or digits) split over ``--nodes`` simulated SuperNodes,
+until ``--updates`` train tasks were dispatched and answered.
+
+What it reports (JSON under ``benchmarks/results/`` and a PNG of RSS over time):
+
+* **wall time** of the whole ``flwr run`` (start to status), and of the asynchronous
+  loop alone (first dispatch to last arrival, from the run's ``events.jsonl``);
+  **updates per second** over the loop.
+* **the simulator's own share** of the loop's wall time. Client work per update is the
+  ClientApp's training time (``compute-seconds``, each reply's metric, measured inside
+  the ClientApp) plus one downlink decode and one uplink encode, timed in this process
+  on the same model with the codec specs the run used (the median of repeated calls; the
+  ClientApp does not report them). With ``P`` ClientApp actors working in parallel the
+  loop would take ``sum(client work) / P`` if the engine cost nothing;
+  ``overhead_share = 1 - sum(client work) / (P * loop wall)`` is the rest: message
+  passing through the SuperLink, the Ray actor pool, the ServerApp's scheduling,
+  aggregation and evaluation, and any time the actors sat idle. ``P`` is the number of
+  ``ray::ClientAppActor`` processes the sampler saw.
+* **RSS of every process** of the SuperLink's tree (SuperLink, ServerApp, simulation
+  process, Ray's daemons and workers), sampled from ``/proc`` every ``--interval``
+  seconds with the number of updates so far: peak, and the slope in MB per 1,000
+  updates after warm-up (the first ``--warmup`` fraction of the updates).
+
+The machine may be shared: ``compute-seconds`` is wall-clock time inside the actor,
+so CPU taken by other processes inflates both client work and the loop; the share is
+still the engine's cost on this machine under this load, not a clean-room figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.proc_sampler import TreeSampler, rss_report
+from fedsync.codec import UpdateCodec
+from fedsync.deploy import DeploymentError, LocalSuperLink
+from fedsync.models.registry import build_model
+from fedsync.task import model_state, tensor_specs
+from fedsync.updates import densify
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+INPUT_SHAPES = {"fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28), "digits": (64,)}
+
+
+def run_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
+    """The run config of the scale run: TEASQ until ``updates`` tasks were sent."""
+    return {
+        "strategy": "teasq",
+        "dataset": args.dataset,
+        "model": args.model,
+        "data-dir": str((PROJECT_ROOT / args.data_dir).resolve()),
+        "partitioning": "iid",
+        "local-epochs": 1,
+        "batch-size": 32,
+        "concurrency": args.concurrency,
+        "buffer-size": args.buffer_size,
+        "max-tasks": args.updates,
+        # Tasks decide the end; aggregations never do.
+        "max-aggregations": args.updates,
+        "eval-every": max(1, args.updates // args.buffer_size // 4),
+        "fraction-evaluate": 0.0,
+        "plots": False,
+        "probe-timeout": args.probe_timeout,
+        "node-wait": 600.0,
+        "results-dir": str(results_dir),
+        "run-name": "scale",
+        "seed": 0,
+    }
+
+
+class EventCounter:
+    """Counts ``arrival`` events in a growing ``events.jsonl`` (read incrementally)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self.count = 0
+
+    def __call__(self) -> int:
+        if not self.path.is_file():
+            return self.count
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        end = chunk.rfind(b"\n") + 1  # only whole lines
+        self._offset += end
+        self.count += chunk[:end].count(b'"event": "arrival"')
+        return self.count
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def codec_seconds(
+    model_name: str, dataset: str, uplink_spec: str, downlink_spec: str, repeats: int = 30
+) -> dict[str, float]:
+    """Median seconds of one downlink decode and one uplink encode on the run's model.
+
+    Timed on one thread, as in a ClientApp actor with one CPU (Ray sets
+    ``OMP_NUM_THREADS=1`` there): on a busy machine torch's default thread pool makes
+    the same calls many times slower.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _codec_seconds(model_name, dataset, uplink_spec, downlink_spec, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _codec_seconds(
+    model_name: str, dataset: str, uplink_spec: str, downlink_spec: str, repeats: int
+) -> dict[str, float]:
+    model = build_model(model_name, 10, INPUT_SHAPES[dataset], dataset=dataset, seed=0)
+    state = model_state(model)
+    specs = tensor_specs(state)
+    downlink = UpdateCodec(downlink_spec).encode(state)
+    generator = torch.Generator().manual_seed(0)
+    delta = {name: 0.01 * torch.randn(t.shape, generator=generator) for name, t in state.items()}
+    decode, encode = [], []
+    encoder = UpdateCodec(uplink_spec, seed=1)  # error feedback state carries across calls
+    for _ in range(repeats):
+        started = time.perf_counter()
+        densify(UpdateCodec().decode(downlink, expected=specs))
+        decode.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        encoder.encode(delta)
+        encode.append(time.perf_counter() - started)
+    return {
+        "decode_downlink_s": statistics.median(decode),
+        "encode_uplink_s": statistics.median(encode),
+        "downlink_bytes": len(downlink),
+        "parameters": sum(t.numel() for t in state.values()),
+    }
+
+
+def loop_figures(
+    events: list[dict[str, Any]], codec: dict[str, float], actors: int
+) -> dict[str, Any]:
+    """Updates, loop wall time, throughput and the simulator's share (module docstring)."""
+    dispatches = [e for e in events if e["event"] == "dispatch"]
+    arrivals = [e for e in events if e["event"] == "arrival"]
+    if not dispatches or not arrivals:
+        raise RuntimeError("the run wrote no dispatch/arrival events")
+    loop_start = min(e["wall_time"] for e in dispatches)
+    loop_wall = max(e["wall_time"] for e in arrivals) - loop_start
+    compute = [float(e["wall_compute_s"] or 0.0) for e in arrivals]
+    per_update_codec = codec["decode_downlink_s"] + codec["encode_uplink_s"]
+    client_work = sum(compute) + len(arrivals) * per_update_codec
+    ideal = client_work / max(actors, 1)
+    start_event = next((e for e in events if e["event"] == "async_start"), {})
+    return {
+        "nodes_seen_by_server": start_event.get("nodes"),
+        "updates": len(arrivals),
+        "dispatched": len(dispatches),
+        "drops": sum(1 for e in events if e["event"] == "drop"),
+        "aggregations": max((int(e.get("version", 0)) for e in arrivals), default=0),
+        "probe_and_setup_s": round(loop_start, 3),
+        "loop_wall_s": round(loop_wall, 3),
+        "updates_per_s": round(len(arrivals) / loop_wall, 2) if loop_wall > 0 else None,
+        "clientapp_actors": actors,
+        "compute_s_total": round(sum(compute), 3),
+        "compute_s_per_update_median": round(statistics.median(compute), 5),
+        "codec_s_per_update": round(per_update_codec, 5),
+        "client_work_s": round(client_work, 3),
+        "overhead_share": round(1.0 - ideal / loop_wall, 4) if loop_wall > 0 else None,
+    }
+
+
+def rss_series(samples: list[Any], report: dict[str, Any], top: int = 6) -> dict[str, Any]:
+    """The samples themselves (MB): the tree's total and the ``top`` largest processes."""
+    mb = 1024.0 * 1024.0
+    big = sorted(report["processes"], key=lambda p: -p["peak_mb"])[:top]
+    return {
+        "t_s": [s.t for s in samples],
+        "updates": [s.progress for s in samples],
+        "tree_mb": [round(sum(s.rss.values()) / mb, 1) for s in samples],
+        "processes": {
+            f"{p['name']} {p['pid']}": [
+                round(s.rss[p["pid"]] / mb, 1) if p["pid"] in s.rss else None for s in samples
+            ]
+            for p in big
+        },
+    }
+
+
+def plot_rss(report: dict[str, Any], samples: list[Any], path: Path, title: str) -> None:
+    """RSS of each process (and the tree) over time, with updates on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mb = 1024.0 * 1024.0
+    fig, ax = plt.subplots(figsize=(9, 5))
+    times = [s.t for s in samples]
+    ax.plot(times, [sum(s.rss.values()) / mb for s in samples], "k-", lw=2, label="whole tree")
+    big = sorted(report["processes"], key=lambda p: -p["peak_mb"])[:8]
+    for proc in big:
+        pid = proc["pid"]
+        xs = [s.t for s in samples if pid in s.rss]
+        ys = [s.rss[pid] / mb for s in samples if pid in s.rss]
+        ax.plot(xs, ys, lw=1, label=f"{proc['name']} ({pid})")
+    ax.set_xlabel("seconds since the SuperLink started")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_title(title)
+    twin = ax.twinx()
+    twin.plot(times, [s.progress for s in samples], "c:", lw=1)
+    twin.set_ylabel("updates so far (dotted)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--updates", type=int, default=10_000)
+    parser.add_argument("--dataset", default="fashion-mnist", choices=sorted(INPUT_SHAPES))
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--buffer-size", type=int, default=10)
+    parser.add_argument("--cpus-per-client", type=int, default=1)
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=900.0,
+        help="seconds the server asks nodes for their partition ids before it starts; "
+        "nodes that have not answered by then are ordered by node id",
+    )
+    parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling seconds")
+    parser.add_argument("--warmup", type=float, default=0.2, help="fraction of the updates")
+    parser.add_argument("--timeout", type=float, default=1500.0)
+    parser.add_argument("--run-dir", default="", help="SuperLink folder (default: a temp dir)")
+    parser.add_argument("--out", default=str(RESULTS / "sim_scale.json"))
+    args = parser.parse_args(argv)
+
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="sim-scale-")).resolve()
+    results_dir = run_dir / "results"
+    config = run_config(args, results_dir)
+    ray_tmpdir = ""
+    if not os.environ.get("RAY_ADDRESS"):
+        # Without an address ray.init() joins the cluster the last `ray start` on this
+        # machine wrote into <ray temp>/ray_current_cluster (anyone's, even a dead one):
+        # a private temp root makes the simulation start its own Ray.
+        ray_tmpdir = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")
+    link = LocalSuperLink(run_dir / "superlink", simulation=True)
+    counter = EventCounter(results_dir / "scale" / "events.jsonl")
+    started = time.monotonic()
+    link.start()
+    assert link.process is not None
+    sampler = TreeSampler(link.process.pid, interval=args.interval, progress=counter).start()
+    error = ""
+    try:
+        outcome = link.run_app(
+            PROJECT_ROOT,
+            config,
+            federation_config={
+                "num-supernodes": args.nodes,
+                "client-resources-num-cpus": args.cpus_per_client,
+            },
+            timeout=args.timeout,
+        )
+        status, details = outcome.status, outcome.details
+        if not outcome.completed:
+            error = outcome.output[-4000:]
+    except DeploymentError as err:
+        status, details, error = "error", str(err), str(err)
+    finally:
+        wall = time.monotonic() - started
+        sampler.stop()
+        link.stop()
+        if ray_tmpdir:
+            shutil.rmtree(ray_tmpdir, ignore_errors=True)
+    print(f"[sim_scale] {args.nodes} nodes: {status} in {wall:.1f} s ({details})", flush=True)
+
+    events_path = results_dir / "scale" / "events.jsonl"
+    events = read_events(events_path) if events_path.is_file() else []
+    actors = sum(1 for name in sampler.names.values() if name == "ray::ClientAppActor")
+    dispatch = next((e for e in events if e["event"] == "dispatch"), None)
+    result: dict[str, Any] = {
+        "benchmark": "sim_scale",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "cpus": _cpu_count()},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "run_dir")},
+        "run_config": {k: v for k, v in config.items() if k != "results-dir"},
+        "status": status,
+        "details": details,
+        "wall_s": round(wall, 2),
+        "error_tail": error,
+    }
+    if dispatch is not None and any(e["event"] == "arrival" for e in events):
+        codec = codec_seconds(args.model, args.dataset, str(dispatch["uplink_codec"]), "none+fp16")
+        result["codec"] = codec
+        result["loop"] = loop_figures(events, codec, actors)
+    warmup = int(args.warmup * args.updates)
+    result["rss"] = rss_report(sampler.samples, sampler.names, warmup_progress=warmup)
+    result["rss_series"] = rss_series(sampler.samples, result["rss"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if sampler.samples:
+        plot_rss(
+            result["rss"],
+            sampler.samples,
+            out.with_suffix(".png"),
+            f"sim_scale: {args.nodes} nodes, {args.updates} updates ({status})",
+        )
+    _print_summary(result)
+    print(f"[sim_scale] wrote {out} (run folder {run_dir})")
+    return 0 if status == "finished:completed" else 1
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    loop = result.get("loop", {})
+    if loop:
+        print(
+            f"[sim_scale] {loop['updates']} updates in a {loop['loop_wall_s']:.1f} s loop "
+            f"({loop['updates_per_s']} updates/s), setup {loop['probe_and_setup_s']:.1f} s, "
+            f"{loop['clientapp_actors']} actors, overhead share {loop['overhead_share']:.1%}"
+        )
+    for proc in sorted(result["rss"]["processes"], key=lambda p: -p["peak_mb"])[:10]:
+        print(
+            f"[sim_scale]   {proc['name']:<28} pid {proc['pid']:>7}: peak {proc['peak_mb']:7.1f} MB"
+            f", {proc['mb_per_1k_updates']} MB/1k updates after warm-up"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
