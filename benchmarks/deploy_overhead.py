@@ -325,7 +325,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     modes = [m for m in ("stock", "warm") if m in result["summary"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottoms = [0.0] * len(modes)
-    colors = plt.get_cmap("tab20").colors
+    colors = [plt.get_cmap("tab20")(k) for k in range(20)]
     for k, phase in enumerate(PHASES):
         heights = [result["summary"][m]["steady"].get(phase, {}).get("median", 0.0) for m in modes]
         heights = [max(h, 0.0) for h in heights]

@@ -306,8 +306,9 @@ def _log_timing(
     compute_s = 0.0
     if reply.has_content():
         for record in reply.content.metric_records.values():
-            if "compute-seconds" in record:
-                compute_s = float(record["compute-seconds"])
+            value = record.get("compute-seconds")
+            if isinstance(value, int | float):
+                compute_s = float(value)
     line = {
         "mode": mode,
         "run_id": context.run_id,
