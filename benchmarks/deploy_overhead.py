@@ -62,6 +62,7 @@ from typing import Any
 from fedsync.deploy import LocalDeployment
 from fedsync.deploy.processes import read_timestamped_log
 from fedsync.deploy.timing import parse_supernode_log
+from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.reports import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,11 +164,13 @@ def split_tasks(
             imports = float(line.get("imports_s", line.get("spawn_s", 0.0)))
             data = float(line.get("data_s", 0.0))
             training = float(line["compute_s"])
+            # A warm executor's process predates the message: no start, no boot.
+            process_start = max(float(line["process_start"]), message.received)
             phases = {
                 "poll_wait": round_trip - busy,
                 "download": message.received - message.receiving,
-                "exec_start": line["process_start"] - message.received,
-                "clientapp_boot": line["handler_start"] - line["process_start"],
+                "exec_start": process_start - message.received,
+                "clientapp_boot": line["handler_start"] - process_start,
                 "imports": imports,
                 "data": data,
                 "training": training,
@@ -276,7 +279,11 @@ def run_path(
         run_config["max-aggregations"] = 100_000
         run_config["max-tasks"] = 0
         run_config["max-wall-time"] = wall_time
-    deployment = LocalDeployment(folder / "run", node_configs)
+    deployment = (
+        WarmLocalDeployment(folder / "run", node_configs, executor_poll=exec_poll)
+        if mode == "exec"
+        else LocalDeployment(folder / "run", node_configs)
+    )
     started = time.monotonic()
     try:
         deployment.start()
@@ -322,7 +329,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in ("stock", "warm") if m in result["summary"]]
+    modes = [m for m in ("stock", "warm", "exec") if m in result["summary"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottoms = [0.0] * len(modes)
     colors = [plt.get_cmap("tab20")(k) for k in range(20)]
@@ -346,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=12, help="train tasks per path")
     parser.add_argument("--exec-poll", type=float, default=0.05)
     parser.add_argument("--modes", default="stock,warm")
-    parser.add_argument("--soak", type=float, default=0.0, help="warm path only, seconds")
+    parser.add_argument("--soak", type=float, default=0.0, help="one path only, seconds")
+    parser.add_argument("--soak-mode", default="exec")
     parser.add_argument("--device-classes", default="laptop-x86,jetson-orin")
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_overhead.json")
     args = parser.parse_args(argv)
@@ -363,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {},
         "summary": {},
     }
-    modes = ["warm"] if args.soak > 0 else args.modes.split(",")
+    modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
     with tempfile.TemporaryDirectory(prefix="deploy-overhead-") as tmp:
         for mode in modes:
             run = run_path(
@@ -383,13 +391,16 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(mode, json.dumps(result["summary"][mode]["steady"], indent=1), flush=True)
     result["machine"]["loadavg_end"] = os.getloadavg()
-    if "stock" in result["summary"] and "warm" in result["summary"]:
+    if "stock" in result["summary"]:
         stock = result["summary"]["stock"]["steady"]
-        warm = result["summary"]["warm"]["steady"]
         result["ratios"] = {
-            name: round(stock[name]["median"] / warm[name]["median"], 2)
-            for name in ("round_trip_s", "overhead_s")
-            if name in stock and name in warm and warm[name]["median"] > 0
+            f"stock/{mode}": {
+                name: round(stock[name]["median"] / other[name]["median"], 2)
+                for name in ("round_trip_s", "overhead_s")
+                if name in stock and name in other and other[name]["median"] > 0
+            }
+            for mode in result["summary"]
+            if mode != "stock" and (other := result["summary"][mode]["steady"])
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -7,10 +7,12 @@ SIGKILL mid-task, a task of another run, a client with another node's token.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,11 +29,19 @@ from fedsync.task import model_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-NODE_CONFIG = {"partition-id": 0, "num-partitions": 4, "device": "cpu"}
+NODE_CONFIG: dict[str, bool | float | int | str] = {
+    "partition-id": 0,
+    "num-partitions": 4,
+    "device": "cpu",
+}
 
 
 def _task(epochs: int, run_id: int = 1, node_id: int = 7) -> tuple[Message, Context]:
-    run_config = {"dataset": "digits", "model": "auto", "local-epochs": epochs}
+    run_config: dict[str, bool | float | int | str] = {
+        "dataset": "digits",
+        "model": "auto",
+        "local-epochs": epochs,
+    }
     model = model_for(RunConfig.from_run_config(run_config).training)
     content = RecordDict(
         {
@@ -70,14 +80,12 @@ def _running(pid: int) -> bool:
 def _stop_worker(folder: Path) -> None:
     pid_file = folder / PID_NAME
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(_pid(folder), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture
-def worker_dir(tmp_path: Path):  # type: ignore[no-untyped-def]
+def worker_dir(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "worker"
     yield folder
     _stop_worker(folder)
@@ -104,7 +112,8 @@ def test_warm_worker_serves_tasks_and_recovers_from_a_crash_mid_task(worker_dir:
     reply, phases = client.run(message, context)
     killer.join()
     assert time.monotonic() - started > 1.0
-    assert reply.content.metric_records[protocol.METRICS][protocol.NUM_STEPS] > 0
+    steps = reply.content.metric_records[protocol.METRICS][protocol.NUM_STEPS]
+    assert isinstance(steps, int) and steps > 0
     assert phases["worker_pid"] != first_pid and phases["worker_tasks"] == 1
     assert "worker pid" in (worker_dir / "worker.log").read_text()
 
@@ -159,7 +168,7 @@ def test_an_open_worker_dir_is_refused(tmp_path: Path) -> None:
 def test_node_device_wins_over_the_run_config() -> None:
     from clients.runtime import ClientRuntime
 
-    message, context = _task(epochs=1)
+    _message, context = _task(epochs=1)
     context.run_config["device"] = "cuda:0"  # what the run asks; the node says cpu
     assert ClientRuntime.from_context(context).device == torch.device("cpu")
     context.node_config["device"] = "tpu-42"
