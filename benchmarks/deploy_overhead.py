@@ -87,9 +87,9 @@ OVERHEAD_PHASES = tuple(p for p in PHASES if p not in ("training", "download", "
 class RssSampler(threading.Thread):
     """Sum the RSS of every process in each SuperNode's process group, periodically."""
 
-    def __init__(self, pgids: list[int], every: float = 1.0) -> None:
+    def __init__(self, nodes: list[list[int]], every: float = 1.0) -> None:
         super().__init__(daemon=True)
-        self.pgids = pgids
+        self.nodes = nodes
         self.every = every
         self.samples: list[dict[str, Any]] = []
         self._stop_event = threading.Event()
@@ -98,7 +98,7 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.wait(self.every):
             self.samples.append(
-                {"t": round(time.monotonic() - self._t0, 1), "rss_mb": group_rss_mb(self.pgids)}
+                {"t": round(time.monotonic() - self._t0, 1), "rss_mb": group_rss_mb(self.nodes)}
             )
 
     def stop(self) -> None:
@@ -106,9 +106,9 @@ class RssSampler(threading.Thread):
         self.join(timeout=5)
 
 
-def group_rss_mb(pgids: list[int]) -> list[float]:
-    """RSS (MB) summed over the live processes of each process group (Linux /proc)."""
-    totals = dict.fromkeys(pgids, 0.0)
+def group_rss_mb(nodes: list[list[int]]) -> list[float]:
+    """Per node, RSS (MB) summed over the live processes of its process groups (/proc)."""
+    totals = {pgid: 0.0 for groups in nodes for pgid in groups}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -122,7 +122,7 @@ def group_rss_mb(pgids: list[int]) -> list[float]:
         except (OSError, ValueError, IndexError):
             continue
         totals[pgid] += rss_pages * os.sysconf("SC_PAGE_SIZE") / 1e6
-    return [round(totals[p], 1) for p in pgids]
+    return [round(sum(totals[p] for p in groups), 1) for groups in nodes]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -287,7 +287,11 @@ def run_path(
     started = time.monotonic()
     try:
         deployment.start()
-        sampler = RssSampler([p.pid for p in deployment.supernodes], every=2.0)
+        groups = [[p.pid] for p in deployment.supernodes]
+        if isinstance(deployment, WarmLocalDeployment):  # its executors: groups of their own
+            for node_groups, executor in zip(groups, deployment.executors, strict=True):
+                node_groups.append(executor.pid)
+        sampler = RssSampler(groups, every=2.0)
         sampler.start()
         try:
             outcome = deployment.run_app(ROOT, run_config, timeout=1800)

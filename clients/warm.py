@@ -311,6 +311,7 @@ def _log_timing(
                 compute_s = float(value)
     line = {
         "mode": mode,
+        "pid": os.getpid(),
         "run_id": context.run_id,
         "node_id": context.node_id,
         "message_type": msg.metadata.message_type,
