@@ -125,6 +125,13 @@ def group_rss_mb(nodes: list[list[int]]) -> list[float]:
     return [round(sum(totals[p] for p in groups), 1) for groups in nodes]
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
@@ -237,6 +244,7 @@ def run_path(
     nodes: int,
     tasks: int,
     exec_poll: float,
+    supernode_poll: float = 0.2,
     wall_time: float = 0.0,
     device_classes: list[str] | None = None,
 ) -> dict[str, Any]:
@@ -280,8 +288,13 @@ def run_path(
         run_config["max-tasks"] = 0
         run_config["max-wall-time"] = wall_time
     deployment = (
-        WarmLocalDeployment(folder / "run", node_configs, executor_poll=exec_poll)
-        if mode == "exec"
+        WarmLocalDeployment(
+            folder / "run",
+            node_configs,
+            executor_poll=exec_poll,
+            supernode_poll=supernode_poll if mode == "exec-poll" else 0.0,
+        )
+        if mode.startswith("exec")
         else LocalDeployment(folder / "run", node_configs)
     )
     started = time.monotonic()
@@ -295,6 +308,8 @@ def run_path(
         sampler.start()
         try:
             outcome = deployment.run_app(ROOT, run_config, timeout=1800)
+            assert deployment.link.process is not None
+            superlink_cpu = process_cpu_s(deployment.link.process.pid)
         finally:
             sampler.stop()
     finally:
@@ -319,6 +334,7 @@ def run_path(
     return {
         "mode": mode,
         "wall_s": round(elapsed, 1),
+        "superlink_cpu_s": round(superlink_cpu, 2),
         "node_configs": node_configs,
         "worker_starts": restarts,
         "tasks": rows,
@@ -333,7 +349,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in ("stock", "warm", "exec") if m in result["summary"]]
+    modes = [m for m in ("stock", "warm", "exec", "exec-poll") if m in result["summary"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottoms = [0.0] * len(modes)
     colors = [plt.get_cmap("tab20")(k) for k in range(20)]
@@ -356,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=12, help="train tasks per path")
     parser.add_argument("--exec-poll", type=float, default=0.05)
+    parser.add_argument("--supernode-poll", type=float, default=0.2, help="exec-poll mode")
     parser.add_argument("--modes", default="stock,warm")
     parser.add_argument("--soak", type=float, default=0.0, help="one path only, seconds")
     parser.add_argument("--soak-mode", default="exec")
@@ -384,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 nodes=args.nodes,
                 tasks=args.tasks,
                 exec_poll=args.exec_poll,
+                supernode_poll=args.supernode_poll,
                 wall_time=args.soak,
                 device_classes=classes,
             )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedsync.deploy.auth import NodeKey
+from fedsync.deploy.fast_poll import POLL_ENV
 from fedsync.deploy.local import LocalDeployment
 from fedsync.deploy.processes import ManagedProcess, start_process
 
@@ -28,14 +29,22 @@ class WarmLocalDeployment(LocalDeployment):
     ----------
     executor_poll : float
         Seconds between an idle executor's requests to its SuperNode (loopback only).
+    supernode_poll : float
+        Above 0: start the SuperNodes through :mod:`fedsync.deploy.fast_poll`, so they
+        ask the SuperLink for work this often instead of Flower's fixed 3 s.
     """
 
     executor_poll: float = 0.05
+    supernode_poll: float = 0.0
     executors: list[ManagedProcess] = field(default_factory=list, init=False)
 
     def supernode_command(self, index: int, *, key: NodeKey | None = None) -> list[str]:
-        """The stock command with ``--isolation process``."""
-        return [*super().supernode_command(index, key=key), "--isolation", "process"]
+        """The stock command with ``--isolation process`` (and the poll launcher)."""
+        command = [*super().supernode_command(index, key=key), "--isolation", "process"]
+        if self.supernode_poll > 0:
+            at = next(i for i, part in enumerate(command) if part.endswith("flower-supernode"))
+            command[at : at + 1] = [sys.executable, "-m", "fedsync.deploy.fast_poll"]
+        return command
 
     def start_supernode(
         self, index: int, *, key: NodeKey | None = None, name: str | None = None
@@ -43,12 +52,12 @@ class WarmLocalDeployment(LocalDeployment):
         """Start the SuperNode, then its supervised executor on the node's Runtime API."""
         name = name or f"supernode-{index}"
         command = self.supernode_command(index, key=key)
+        node_env = self.link.env()
+        if self.supernode_poll > 0:
+            node_env[POLL_ENV] = f"{self.supernode_poll:g}"
+            node_env["PYTHONPATH"] = str(ROOT)
         node = start_process(
-            name,
-            command,
-            log_path=self.link.logs / f"{name}.log",
-            env=self.link.env(),
-            timestamps=True,
+            name, command, log_path=self.link.logs / f"{name}.log", env=node_env, timestamps=True
         )
         runtime = f"{command[command.index('--host') + 1]}:{command[command.index('--port') + 1]}"
         executor_command = [
