@@ -211,6 +211,10 @@ class WorkerClient:
         write_header(
             sock, {"kind": "task", "token": self.token, "node_id": self.node_id, "run_id": run_id}
         )
+        # The worker checks the header first: a refusal comes before any task bytes move.
+        answer = read_header(sock)
+        if answer.get("status") != "go":
+            return answer, []
         write_frame(sock, message_bytes)
         write_frame(sock, context_bytes)
         header = read_header(sock)

@@ -127,6 +127,7 @@ class Worker:
             if header.get("kind") == "ping":
                 write_header(conn, {"status": "ok", "pid": os.getpid(), "tasks": self.tasks})
                 return True
+            write_header(conn, {"status": "go"})  # checked: now the task's bytes may come
             message_bytes = read_frame(conn)
             context_bytes = read_frame(conn)
         except (ChannelError, OSError) as err:

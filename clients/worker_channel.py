@@ -16,7 +16,8 @@ Only the node's own ClientApp can reach its worker:
   a task for another run makes the ClientApp retire that worker and start a fresh one.
 
 Framing: every frame is an 8-byte big-endian length and that many bytes; a request is a
-JSON header frame, the serialized ``Message`` and the serialized ``Context``; a reply is
+JSON header frame, which the worker answers with ``go`` or a refusal before anything else
+moves, then the serialized ``Message`` and the serialized ``Context``; a reply is
 a JSON header frame and, when the header says ``ok``, the reply ``Message`` and the
 updated ``Context``. Lengths are checked against :data:`MAX_FRAME` before anything is
 allocated.
