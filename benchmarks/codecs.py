@@ -73,6 +73,7 @@ import torch
 
 from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
+from fedsync.progress import track
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import encode_frame, index_bits_for
 from fedsync.wire.index_coding import choose_index_coding, decode_indices, encode_indices
@@ -182,7 +183,7 @@ def timed(
             fn()
     samples: dict[str, list[float]] = {name: [] for name in methods}
     global IDLE_ROUNDS, ROUNDS
-    for _ in range(reps):
+    for _ in track(range(reps), f"timing {len(methods)} methods"):
         if GATE_SECONDS > 0:
             IDLE_ROUNDS += wait_for_idle(GATE_SECONDS)
         ROUNDS += 1

@@ -54,6 +54,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fedsync.progress import track
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = (1536, 1024)
@@ -411,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     started = time.time()
     load_before = os.getloadavg()
-    for rate in rates:
+    for rate in track(rates, "link rates"):
         res = run_rate(rate, args, methods, tmp)
         for row in res["rows"]:
             print(

@@ -63,6 +63,7 @@ from fedsync.deploy import LocalDeployment
 from fedsync.deploy.processes import read_timestamped_log
 from fedsync.deploy.timing import parse_supernode_log
 from fedsync.deploy.warm import WarmLocalDeployment
+from fedsync.progress import track
 from fedsync.reports import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
     with tempfile.TemporaryDirectory(prefix="deploy-overhead-") as tmp:
-        for mode in modes:
+        for mode in track(modes, "deployment paths"):
             run = run_path(
                 mode,
                 Path(tmp),

@@ -42,6 +42,7 @@ import torch
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.data.registry import load_dataset
 from fedsync.models import build_model, train
+from fedsync.progress import track
 from fedsync.wire import decode_frame, index_bits_for, inspect_frame
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -200,7 +201,7 @@ def main() -> None:
         "frames": {},
         "index": {},
     }
-    for model in MODELS:
+    for model in track(MODELS, "models"):
         start = time.perf_counter()
         update = real_update(model, args.data_dir, steps)
         results["frames"][model] = [frame_row(update, d, b) for d in DENSITIES for b in BITS]

@@ -35,6 +35,7 @@ from fedsync.compression import PipelineConfig, build_pipeline
 from fedsync.compression.base import Sparsifier, target_count
 from fedsync.data import DatasetSplits, load_dataset
 from fedsync.models.registry import build_model
+from fedsync.progress import track
 
 RESULTS = Path(__file__).parent / "results" / "sidco-quality.json"
 METHODS = {
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": METHODS,
         "models": {},
     }
-    for name, model in models.items():
+    for name, model in track(models.items(), "models"):
         samples = gradients(model, splits, steps, every, seed=1)
         rows = quality(samples)
         report["models"][name] = rows

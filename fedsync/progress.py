@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import track as rich_track
 
-__all__ = ["LoopProgress", "interactive"]
+__all__ = ["LoopProgress", "interactive", "track"]
+
+
+T = TypeVar("T")
+
+
+def track(items: Iterable[T], description: str, *, total: int | None = None) -> Iterator[T]:
+    """``items``, with a progress bar while a person watches (:func:`interactive`);
+    the benchmarks' outer loops use it."""
+    if not interactive():
+        yield from items
+        return
+    yield from rich_track(items, description=description, total=total, transient=True)
 
 
 def interactive() -> bool:

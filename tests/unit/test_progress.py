@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.progress import LoopProgress, interactive
+from fedsync.progress import LoopProgress, interactive, track
 from simulations.progress import ComparisonProgress, EventTail, RunState, budget_of
 
 
@@ -81,3 +81,11 @@ def test_the_loop_bar_keeps_the_latest_evaluation_and_is_quiet_in_ci(
     assert bar.status == "acc 0.7500  sim 3.5 s"
     bar.close()
     bar.close()
+
+
+def test_track_yields_every_item_and_draws_nothing_in_ci(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    assert list(track(iter([3, 1, 2]), "items")) == [3, 1, 2]
+    assert capsys.readouterr().out == ""
