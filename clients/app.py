@@ -70,7 +70,9 @@ def query(msg: Message, context: Context) -> Message:
     assigns fleet profiles and seeds its draws by partition id instead, so runs repeat.
     """
     partition_id, num_partitions = node_partition(context.node_config)
-    metrics = MetricRecord({protocol.PARTITION_ID: partition_id, "num-partitions": num_partitions})
+    metrics = MetricRecord(
+        {protocol.PARTITION_ID: partition_id, protocol.NUM_PARTITIONS: num_partitions}
+    )
     return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
 
 

@@ -50,7 +50,6 @@ class MissingDownlinkBase(ValueError):
 
 def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
     """Handle a compressed train task end to end and build the reply."""
-    config = msg.content.config_records[protocol.CONFIG]
     task = TrainTask.from_record(msg.content, run_id=context.run_id)
     model = runtime.fresh_model()
     template = model_state(model)
@@ -66,7 +65,7 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
 
     train_set, _ = runtime.data()
     started = time.perf_counter()
-    result = LocalTraining.from_task(config, runtime).run(model, train_set, runtime.device)
+    result = LocalTraining.from_train_task(task, runtime).run(model, train_set, runtime.device)
     compute_seconds = time.perf_counter() - started
 
     # The delta is taken where training ran: on a GPU node the codec then runs the

@@ -19,6 +19,7 @@ from fedsync.config import (
 )
 from fedsync.data import ArrayDataset
 from fedsync.models.training import train as train_model
+from fedsync.protocol import TrainTask
 from fedsync.records import get_float, get_int
 from fedsync.task import client_data, model_for
 
@@ -64,10 +65,13 @@ class ClientRuntime:
         return model_for(self.settings)
 
     def task_seed(self, config: Mapping[str, Any]) -> int:
-        """A seed for this task's shuffling: distinct per node and per task."""
+        """A seed for this task's shuffling (Flower's dense task's ConfigRecord)."""
         base = get_int(config, protocol.TASK_SEED, self.settings.seed)
-        round_ = get_int(config, protocol.SERVER_ROUND, 0)
-        return (base * 1_000_003 + self.partition_id * 7919 + round_) % (2**31)
+        return self.seed_for(base, get_int(config, protocol.SERVER_ROUND, 0))
+
+    def seed_for(self, task_seed: int, server_round: int) -> int:
+        """A seed for a task's shuffling: distinct per node and per task."""
+        return (task_seed * 1_000_003 + self.partition_id * 7919 + server_round) % (2**31)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,19 @@ class LocalTraining:
             proximal_mu=get_float(config, protocol.PROXIMAL_MU, settings.proximal_mu),
             max_steps=local_steps if local_steps > 0 else None,
             seed=runtime.task_seed(config),
+        )
+
+    @classmethod
+    def from_train_task(cls, task: TrainTask, runtime: ClientRuntime) -> LocalTraining:
+        """The settings a compressed task carries (:class:`fedsync.protocol.TrainTask`)."""
+        return cls(
+            epochs=task.local_epochs,
+            batch_size=task.batch_size,
+            learning_rate=task.learning_rate,
+            momentum=task.momentum,
+            proximal_mu=task.proximal_mu,
+            max_steps=task.local_steps if task.local_steps > 0 else None,
+            seed=runtime.seed_for(task.task_seed, task.version),
         )
 
     def run(self, model: torch.nn.Module, dataset: ArrayDataset, device: torch.device) -> Any:

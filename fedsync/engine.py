@@ -18,7 +18,6 @@ codecs and the downlink encoder are the same for every strategy.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,8 +46,6 @@ from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
 
 __all__ = ["AggregationEngine", "TaskPlan", "Verdict", "default_codec_factory"]
-
-logger = logging.getLogger("flwr")
 
 
 def default_codec_factory(

@@ -97,6 +97,8 @@ PROBE_KEY: Final = "fedsync-probe"
 """CONFIG key of the QUERY message asking a node who it is (value 1)."""
 PARTITION_ID: Final = "partition-id"
 """METRICS key of the probe's reply: the node's ``partition-id`` from its node config."""
+NUM_PARTITIONS: Final = "num-partitions"
+"""METRICS key of the probe's reply: the node's ``num-partitions``."""
 
 
 def payload_record(payload: bytes) -> ArrayRecord:
@@ -146,13 +148,13 @@ class TrainTask:
     version: int
     uplink_codec: str
     task_seed: int
-    job: str = ""
-    local_epochs: int = 1
-    local_steps: int = 0
-    batch_size: int = 32
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    proximal_mu: float = 0.0
+    job: str
+    local_epochs: int
+    local_steps: int
+    batch_size: int
+    learning_rate: float
+    momentum: float
+    proximal_mu: float
 
     @classmethod
     def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
@@ -210,12 +212,12 @@ class TrainTask:
             task_seed=get_int(config, TASK_SEED, 0),
             # The job a resumed server run continues (an older server: this run alone).
             job=get_str(config, JOB_KEY, "") or f"run-{run_id}",
-            local_epochs=get_int(config, LOCAL_EPOCHS, 1),
-            local_steps=get_int(config, LOCAL_STEPS, 0),
-            batch_size=get_int(config, BATCH_SIZE, 32),
-            learning_rate=get_float(config, LEARNING_RATE, 0.1),
-            momentum=get_float(config, MOMENTUM, 0.0),
-            proximal_mu=get_float(config, PROXIMAL_MU, 0.0),
+            local_epochs=get_int(config, LOCAL_EPOCHS),
+            local_steps=get_int(config, LOCAL_STEPS),
+            batch_size=get_int(config, BATCH_SIZE),
+            learning_rate=get_float(config, LEARNING_RATE),
+            momentum=get_float(config, MOMENTUM),
+            proximal_mu=get_float(config, PROXIMAL_MU),
         )
 
     @staticmethod

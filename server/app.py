@@ -30,9 +30,7 @@ def main(grid: Grid, context: Context) -> None:
     runner = STRATEGIES[config.strategy]
     recorder = RunRecorder(config.output.results_path(), config.output.run_name)
     log(INFO, "[fedsync] strategy %s, results in %s", config.strategy, recorder.folder)
-    recorder.events.write(
-        "run_start", strategy=config.strategy, run_config=dict(context.run_config)
-    )
+    recorder.events.write("run_start", strategy=config.strategy, run_config=config.as_run_config())
     evaluator = CentralEvaluator(config.training)
     started = time.monotonic()
     try:

@@ -155,7 +155,8 @@ def run(
         raise _fail(str(err)) from err
     finally:
         stop_superlink(link)
-    folder = Path(str(values["results-dir"])) / str(values["run-name"])
+    output = RunConfig.from_run_config(values).output
+    folder = output.results_path() / output.run_name
     typer.echo(f"[fedsync] run {outcome.run_id}: {outcome.status}; results in {folder}")
     if not outcome.completed:
         typer.echo(outcome.details or outcome.output[-2000:], err=True)

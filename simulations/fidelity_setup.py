@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedsync.clock import FleetSpec, load_fleet
+from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
-from simulations.scenario import Scenario, ScenarioError, app_run_config_defaults
+from simulations.scenario import Scenario, ScenarioError
 
 __all__ = ["Calibration", "FidelitySetup"]
 
@@ -76,14 +77,15 @@ class FidelitySetup:
                 f"got {scenario.target.describe()}"
             )
         run_config = dict(spec.run_config)
+        typed = RunConfig.from_run_config(run_config)
         federation = dict(scenario.federation)
-        fleet = load_fleet(str(run_config.get("fleet", "")))
+        fleet = load_fleet(typed.clock.fleet)
         nodes = int(federation.get("num-supernodes", len(fleet)))
         if nodes != len(fleet):
             raise ScenarioError(
                 f"{where}: {nodes} supernodes but fleet {fleet.name} has {len(fleet)}"
             )
-        epochs = run_config.get("local-epochs", app_run_config_defaults()["local-epochs"])
+        epochs = typed.training.local_epochs
         return cls(
             name=scenario.name,
             run_config=run_config,

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from fedsync.clock import load_fleet
-from fedsync.config import RunConfig
+from fedsync.config import RunConfig, declared_keys
 from fedsync.strategies import STRATEGIES
 
 __all__ = [
@@ -158,7 +158,7 @@ class StrategySpec:
     @property
     def strategy(self) -> str:
         """The ``strategy`` run-config value (``fedavg``, ``teasq`` ...)."""
-        return str(self.run_config.get("strategy", RunConfig.strategy))
+        return RunConfig.from_run_config(self.run_config).strategy
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ class Scenario:
             raise ScenarioError(f"scale must be a finite number > 0, got {factor!r}")
         if factor == 1.0:
             return self
-        defaults = app_run_config_defaults(project_root)
+        defaults = app_run_config_defaults()
         strategies = []
         for spec in self.strategies:
             config = dict(spec.run_config)
@@ -265,24 +265,10 @@ class Scenario:
         return replace(self, strategies=kept)
 
 
-def app_run_config_defaults(project_root: Path = PROJECT_ROOT) -> dict[str, RunConfigValue]:
-    """``[tool.flwr.app.config]`` of the app's ``pyproject.toml``: every run-config key.
-
-    Raises
-    ------
-    ScenarioError
-        If the file or the table is missing.
-    """
-    pyproject = project_root / "pyproject.toml"
-    try:
-        with pyproject.open("rb") as file:
-            data = tomllib.load(file)
-        config = data["tool"]["flwr"]["app"]["config"]
-    except (OSError, tomllib.TOMLDecodeError, KeyError) as err:
-        raise ScenarioError(
-            f"cannot read [tool.flwr.app.config] from {pyproject}: {err!r}"
-        ) from err
-    return dict(config)
+def app_run_config_defaults() -> dict[str, RunConfigValue]:
+    """Every run-config key with its default (:func:`fedsync.config.declared_keys`, which
+    ``tests/unit/test_config.py`` keeps equal to ``[tool.flwr.app.config]``)."""
+    return {name: info.default for name, info in declared_keys().items()}
 
 
 def load_scenario(name_or_path: str | Path, *, project_root: Path = PROJECT_ROOT) -> Scenario:
@@ -320,7 +306,7 @@ def parse_scenario(
         raise ScenarioError(
             f"{where}: unknown top-level keys {unknown}; known: {sorted(_TOP_LEVEL)}"
         )
-    defaults = app_run_config_defaults(project_root)
+    defaults = app_run_config_defaults()
     shared = _run_config(_table(data, "run-config", where), defaults, f"{where} [run-config]")
     shared = _resolve_paths(shared, project_root)
     federation = _federation(_table(data, "federation", where), f"{where} [federation]")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsync.config import RunConfig
 from fedsync.deploy.local import LocalDeployment, RunOutcome
 from fedsync.deploy.netns import LinkCounters, LinkShape, ShapedNetwork
 from fedsync.deploy.timing import (
@@ -119,7 +120,8 @@ def run_over_links(
         "min-nodes": count,
         **run_config,
     }
-    results = Path(str(config["results-dir"])) / str(config["run-name"])
+    output = RunConfig.from_run_config(config).output
+    results = output.results_path() / output.run_name
     network = ShapedNetwork(shapes)
     try:
         network.create()

@@ -31,7 +31,7 @@ def _context(run_config: dict[str, Any]) -> Context:
 
 
 def test_full_downlink_runs_keep_no_model_per_node() -> None:
-    context = _context(RUN_CONFIG)  # downlink-kind defaults to "full"
+    context = _context({**RUN_CONFIG, "downlink-kind": "full"})
     train_compressed(task(1), context, ClientRuntime.from_context(context))
     assert DOWNLINK_BASE not in context.state.array_records
     assert CODEC_STATE in context.state.array_records  # error feedback memory stays

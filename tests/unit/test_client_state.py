@@ -64,6 +64,7 @@ def task(number: int, *, job: str = "job-1", version: int = 0) -> Message:
         batch_size=32,
         learning_rate=0.1,
         momentum=0.9,
+        proximal_mu=0.0,
     )
     message = Message(train.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
     message.metadata.__dict__["_message_id"] = f"task-{number}"

@@ -45,7 +45,7 @@ from fedsync.wire import (
     decode_frame,
     encode_frame,
 )
-from fedsync.wire.layout import HEADER_BYTES, MAGIC
+from fedsync.wire.layout import FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC
 from fedsync.wire.testing import FrameBuilder, reseal
 
 MUTATIONS_PER_KIND = 15_000
@@ -238,7 +238,8 @@ def _duplicate(rng: np.random.Generator, frame: bytes, _: bytes) -> bytes:
 def _random(rng: np.random.Generator, frame: bytes, _: bytes) -> bytes:
     size = int(rng.integers(0, 2 * len(frame) + 1))
     noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-    return MAGIC + b"\x01\x00" + noise if rng.random() < 0.7 else noise
+    header = MAGIC + bytes([FORMAT_VERSION, int(rng.integers(0, 2)) * FLAG_TABLE])
+    return header + noise if rng.random() < 0.7 else noise
 
 
 MUTATORS: dict[str, Callable[[np.random.Generator, bytes, bytes], bytes]] = {
@@ -276,10 +277,13 @@ def test_mutated_frames_raise_only_payload_error(kind: str) -> None:
 
 
 @settings(max_examples=1500, deadline=None)
-@given(body=st.binary(max_size=200), sealed=st.booleans())
-def test_arbitrary_bodies_behind_a_valid_header(body: bytes, sealed: bool) -> None:
+@given(body=st.binary(max_size=200), sealed=st.booleans(), table=st.booleans())
+def test_arbitrary_bodies_behind_a_valid_header(body: bytes, sealed: bool, table: bool) -> None:
     # Hypothesis shrinks any failure to a minimal body, which random mutation cannot.
-    frame = MAGIC + b"\x01\x00" + bytes(8) + body + bytes(4)
+    # The header is the current version's, so the body reaches the parser (not only the
+    # version check); with and without the tensor table.
+    flags = FLAG_TABLE if table else 0
+    frame = MAGIC + bytes([FORMAT_VERSION, flags]) + bytes(8) + body + bytes(4)
     _try(reseal(frame) if sealed else frame, _Stats(), "hypothesis body")
 
 
