@@ -1,1 +1,1 @@
-"""The fedsync Flower ClientApp (``clients.app:app``)."""
+"""The fedsync Flower ClientApp (``clients.warm:app``, which runs ``clients.app``)."""

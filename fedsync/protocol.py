@@ -3,8 +3,8 @@
 Flower carries a ``RecordDict``; this module is the only place that builds or reads
 one for fedsync's messages (:meth:`TrainTask.to_record`, :meth:`TrainTask.from_record`,
 :meth:`TrainReply.to_record`, :meth:`TrainReply.from_record`), so neither side spells a
-record name or key twice. It is the one module of ``fedsync/`` that imports ``flwr``
-(its record types); the engine and everything under it do not.
+record name or key twice. It imports ``flwr`` (its record types); the engine and the
+strategies do not.
 
 The messages
 ------------
