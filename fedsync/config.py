@@ -260,7 +260,7 @@ class CompressionSection(Section):
     )
     decay_kind: str = key("exponential", "exponential / linear / step")
     downlink_codec: str = key(
-        "none+uniform:8",
+        "none+fp16",
         "codec of whole-model downlinks: a device's first task, after a lost task, or a resync",
     )
     downlink_kind: str = key(
