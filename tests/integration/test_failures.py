@@ -277,6 +277,22 @@ def test_killed_node_run_completes_and_learns(killed_node: KilledNodeRun) -> Non
     print(f"killed-node run: {killed_node.seconds:.0f} s, {summary['aggregations']} aggregations")
 
 
+def _away(run: KilledNodeRun) -> tuple[float, float]:
+    """When the killed node's task failed, and when the node was working again: its
+    give-up ... node-returned, or (when the restarted node was online again before the
+    failure was handled, so it was never given up) its next arrival."""
+    events = run.events
+    failed = next(e for e in events if e["event"] == "error" and e["node"] == run.node_id)
+    back = next(
+        e
+        for e in events
+        if e.get("node") == run.node_id
+        and e["event"] in ("node-returned", "arrival")
+        and e["wall_time"] > failed["wall_time"]
+    )
+    return failed["wall_time"], back["wall_time"]
+
+
 def test_killed_node_is_counted_and_the_others_go_on(killed_node: KilledNodeRun) -> None:
     errors = [e for e in killed_node.events if e["event"] == "error"]
     assert errors and all(e["node"] == killed_node.node_id for e in errors)
@@ -284,24 +300,36 @@ def test_killed_node_is_counted_and_the_others_go_on(killed_node: KilledNodeRun)
     kinds = killed_node.summary["errors"]
     assert set(kinds) <= {"ttl-expired", "node-unavailable"} and kinds.get("node-unavailable")
     assert killed_node.summary["errors_total"] == len(errors)
-    gave_up = [e for e in killed_node.events if e["event"] == "give-up"]
-    assert [e["node"] for e in gave_up] == [killed_node.node_id]
-    # Aggregations went on while the node was away.
-    away = [
-        e
-        for e in killed_node.events
-        if e["event"] == "aggregation" and gave_up[0]["wall_time"] > e["wall_time"]
+    # Given up at once when the SuperLink lists it offline; not when the restarted node
+    # (same id: authenticated) was back before the failure was handled. Either way no
+    # other node is given up.
+    gave_up = [e["node"] for e in killed_node.events if e["event"] == "give-up"]
+    assert gave_up in ([killed_node.node_id], [])
+    # Aggregations went on from the kill until the node worked again.
+    _, back = _away(killed_node)
+    during = [
+        e for e in killed_node.events if e["event"] == "aggregation" and e["wall_time"] < back
     ]
-    assert len(away) > killed_node.aggregations_at_kill
+    assert len(during) > killed_node.aggregations_at_kill
 
 
 def test_restarted_node_comes_back_under_its_own_id(killed_node: KilledNodeRun) -> None:
     # Authenticated: the node id belongs to the key, so the restart has the same one.
     assert killed_node.logged_ids == [killed_node.node_id, killed_node.node_id]
     kinds = [(e["event"], e.get("node")) for e in killed_node.events]
-    returned = kinds.index(("node-returned", killed_node.node_id))
-    assert kinds.index(("give-up", killed_node.node_id)) < returned
-    assert ("arrival", killed_node.node_id) in kinds[returned:]
+    if ("give-up", killed_node.node_id) in kinds:
+        returned = kinds.index(("node-returned", killed_node.node_id))
+        assert kinds.index(("give-up", killed_node.node_id)) < returned
+    failed, back = _away(killed_node)
+    assert back > failed
+    arrivals = [
+        e
+        for e in killed_node.events
+        if e["event"] == "arrival"
+        and e["node"] == killed_node.node_id
+        and e["wall_time"] > back - 1e-9
+    ]
+    assert arrivals, "the restarted node never delivered an update"
     assert killed_node.summary["devices"][str(killed_node.node_id)]["state"] != "retired"
 
 
