@@ -55,6 +55,8 @@ from flwr.supernode.runtime.run_clientapp import (
     push_task_output,
 )
 
+from clients.worker_channel import group_alive
+
 
 class WarmExecutor:
     """Acquire ClientApp tasks from one SuperNode's Runtime API and run them here.
@@ -84,7 +86,7 @@ class WarmExecutor:
     def serve_forever(self) -> None:
         """Acquire and run tasks until the SuperNode's process group is gone."""
         log(INFO, "[fedsync] warm executor pid %d serves %s", os.getpid(), self.address)
-        while _group_alive():
+        while group_alive():
             response = self._client.AcquireTask(
                 AcquireTaskRequest(
                     supported_task_types=[TaskType.CLIENT_APP.value], agentapp_fab_hashes=[]
@@ -138,23 +140,13 @@ class WarmExecutor:
         self.tasks += 1
 
 
-def _group_alive() -> bool:
-    try:
-        os.kill(os.getpgrp(), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def supervise(argv: list[str]) -> int:
     """Run the executor as a child; start it again whenever it dies."""
     child_args = [sys.executable, "-m", "clients.node_exec", *argv]
-    while _group_alive():
+    while group_alive():
         started = time.monotonic()
         code = subprocess.call(child_args)
-        if not _group_alive():
+        if not group_alive():
             break
         log(
             WARNING,

@@ -30,6 +30,7 @@ from clients.worker_channel import (
     PID_NAME,
     SOCKET_NAME,
     ChannelError,
+    group_alive,
     read_frame,
     read_header,
     read_token,
@@ -93,7 +94,7 @@ class Worker:
                 try:
                     conn, _ = server.accept()
                 except TimeoutError:
-                    if not _group_alive():
+                    if not group_alive():
                         _LOG.info("the SuperNode's process group is gone; worker exits")
                         return
                     if time.monotonic() - idle_since > self.idle_timeout:
@@ -202,17 +203,6 @@ def _load_data(context: Any) -> float:
     started = time.perf_counter()
     ClientRuntime.from_context(context).data()
     return time.perf_counter() - started
-
-
-def _group_alive() -> bool:
-    """Whether the leader of this process group (the SuperNode) still runs."""
-    try:
-        os.kill(os.getpgrp(), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,7 @@ __all__ = [
     "TOKEN_NAME",
     "ChannelError",
     "WorkerGone",
+    "group_alive",
     "read_frame",
     "read_header",
     "read_token",
@@ -142,3 +143,14 @@ def read_header(sock: socket.socket) -> dict[str, Any]:
 def write_header(sock: socket.socket, header: dict[str, Any]) -> None:
     """Send a JSON header frame."""
     write_frame(sock, json.dumps(header).encode())
+
+
+def group_alive() -> bool:
+    """Whether the leader of this process group (the SuperNode) still runs."""
+    try:
+        os.kill(os.getpgrp(), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

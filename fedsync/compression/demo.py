@@ -27,7 +27,7 @@ import torch
 
 from fedsync.compression.config import BuildContext, StageConfig, StageKind, check_range
 from fedsync.compression.error_feedback import ErrorFeedbackState, memory_for
-from fedsync.compression.pipeline import Compressed, Compressor, flatten
+from fedsync.compression.pipeline import Compressed, Compressor, compress_update, subtract_sent
 from fedsync.compression.registry import register
 from fedsync.updates import CompressedTensor, TensorSpec
 
@@ -87,11 +87,7 @@ class DeMoFeedback:
         memory = memory_for(self.state.residuals, spec, x)
         memory.mul_(self.config.beta).add_(x)
         compressed = self.inner.compress(spec, memory, seed)
-        sent = self.inner.sent(compressed)
-        if compressed.positions is None:
-            memory.sub_(sent)
-        else:
-            memory.index_add_(0, compressed.positions, sent, alpha=-1.0)
+        subtract_sent(memory, compressed, self.inner.sent(compressed))
         return compressed
 
     def sent(self, compressed: Compressed) -> torch.Tensor:
@@ -102,8 +98,4 @@ class DeMoFeedback:
         self, update: Mapping[str, torch.Tensor], seed: int = 0
     ) -> list[CompressedTensor]:
         """Compress every tensor of ``update`` through the momentum."""
-        out = []
-        for name, tensor in update.items():
-            spec, flat = flatten(name, tensor)
-            out.append(self.compress(spec, flat, seed).tensor)
-        return out
+        return compress_update(self, update, seed)

@@ -33,7 +33,12 @@ import torch
 
 from fedsync.compression.config import BuildContext, StageConfig, StageKind, check_range
 from fedsync.compression.errors import SpecError
-from fedsync.compression.pipeline import Compressed, Compressor, flatten
+from fedsync.compression.pipeline import (
+    Compressed,
+    Compressor,
+    compress_update,
+    subtract_sent,
+)
 from fedsync.compression.registry import register
 from fedsync.updates import CompressedTensor, TensorSpec
 
@@ -187,11 +192,7 @@ class ErrorFeedback:
         else:
             residual.add_(x)
         compressed = self.inner.compress(spec, residual, seed)
-        sent = self.inner.sent(compressed)
-        if compressed.positions is None:
-            residual.sub_(sent)
-        else:
-            residual.index_add_(0, compressed.positions, sent, alpha=-1.0)
+        subtract_sent(residual, compressed, self.inner.sent(compressed))
         if momentum > 0 and self.config.masking:
             velocity = self.state.momenta[spec.name]
             if compressed.positions is None:
@@ -208,8 +209,4 @@ class ErrorFeedback:
         self, update: Mapping[str, torch.Tensor], seed: int = 0
     ) -> list[CompressedTensor]:
         """Compress every tensor of ``update`` with error feedback."""
-        out = []
-        for name, tensor in update.items():
-            spec, flat = flatten(name, tensor)
-            out.append(self.compress(spec, flat, seed).tensor)
-        return out
+        return compress_update(self, update, seed)

@@ -165,11 +165,7 @@ class Pipeline:
         self, update: Mapping[str, torch.Tensor], seed: int = 0
     ) -> list[CompressedTensor]:
         """Compress every tensor of ``update`` (any float dtype, any device)."""
-        out = []
-        for name, tensor in update.items():
-            spec, flat = flatten(name, tensor)
-            out.append(self.compress(spec, flat, seed).tensor)
-        return out
+        return compress_update(self, update, seed)
 
     # -- receiver ----------------------------------------------------------------------
 
@@ -304,6 +300,26 @@ class Pipeline:
     ) -> SparseUpdate:
         """:meth:`decompress` every tensor, by name."""
         return {t.spec.name: self.decompress(t, device) for t in tensors}
+
+
+def compress_update(
+    compressor: Compressor, update: Mapping[str, torch.Tensor], seed: int = 0
+) -> list[CompressedTensor]:
+    """Every tensor of ``update`` through ``compressor`` (a pipeline, or a memory stage
+    around one), in the update's order."""
+    out = []
+    for name, tensor in update.items():
+        spec, flat = flatten(name, tensor)
+        out.append(compressor.compress(spec, flat, seed).tensor)
+    return out
+
+
+def subtract_sent(memory: torch.Tensor, compressed: Compressed, sent: torch.Tensor) -> None:
+    """Remove from a sender's memory (residual, momentum) what the receiver decodes."""
+    if compressed.positions is None:
+        memory.sub_(sent)
+    else:
+        memory.index_add_(0, compressed.positions, sent, alpha=-1.0)
 
 
 def split_factors(spec: TensorSpec, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
