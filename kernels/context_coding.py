@@ -140,43 +140,40 @@ def context_encode(indices, rows, width, out):  # pragma: no cover - numba
                     col[c] += 1
             while rng < _TOP:
                 rng = (rng << 8) & _MASK32
-                # shift_low: emit the cached byte (plus carry) once the top byte settles
-                if low < 0xFF000000 or low > _MASK32:
-                    carry = low >> 32
-                    temp = cache
-                    while True:
-                        if pos >= cap:
-                            return -1
-                        if pos > 0:
-                            out[pos - 1] = (temp + carry) & 0xFF
-                        pos += 1
-                        temp = 0xFF
-                        cache_size -= 1
-                        if cache_size == 0:
-                            break
-                    cache = (low >> 24) & 0xFF
-                cache_size += 1
-                low = (low & 0x00FFFFFF) << 8
+                pos, low, cache, cache_size = _shift_low(out, cap, pos, low, cache, cache_size)
+                if pos < 0:
+                    return -1
         cur, prev = prev, cur
         cur[:] = 0
     for _ in range(5):
-        if low < 0xFF000000 or low > _MASK32:
-            carry = low >> 32
-            temp = cache
-            while True:
-                if pos >= cap:
-                    return -1
-                if pos > 0:
-                    out[pos - 1] = (temp + carry) & 0xFF
-                pos += 1
-                temp = 0xFF
-                cache_size -= 1
-                if cache_size == 0:
-                    break
-            cache = (low >> 24) & 0xFF
-        cache_size += 1
-        low = (low & 0x00FFFFFF) << 8
+        pos, low, cache, cache_size = _shift_low(out, cap, pos, low, cache, cache_size)
+        if pos < 0:
+            return -1
     return pos - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _shift_low(out, cap, pos, low, cache, cache_size):  # pragma: no cover - numba
+    """The range coder's byte output: emit the cached byte (plus carry) once the top
+    byte of ``low`` has settled. Returns ``(pos, low, cache, cache_size)``; ``pos`` is
+    -1 when ``out`` (``cap`` bytes) is full."""
+    if low < 0xFF000000 or low > _MASK32:
+        carry = low >> 32
+        temp = cache
+        while True:
+            if pos >= cap:
+                return -1, low, cache, cache_size
+            if pos > 0:
+                out[pos - 1] = (temp + carry) & 0xFF
+            pos += 1
+            temp = 0xFF
+            cache_size -= 1
+            if cache_size == 0:
+                break
+        cache = (low >> 24) & 0xFF
+    cache_size += 1
+    low = (low & 0x00FFFFFF) << 8
+    return pos, low, cache, cache_size
 
 
 @njit(cache=True, nogil=True)

@@ -19,17 +19,16 @@ Spec: ``dct:8,chunk=64+fp32+demo:0.999`` (``demo:beta=0.999`` is the same).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from fedsync.compression.config import BuildContext, StageConfig, StageKind, check_range
-from fedsync.compression.error_feedback import ErrorFeedbackState, memory_for
-from fedsync.compression.pipeline import Compressed, Compressor, compress_update, subtract_sent
+from fedsync.compression.error_feedback import ErrorFeedbackState, MemoryStage, memory_for
+from fedsync.compression.pipeline import Compressed, Compressor, subtract_sent
 from fedsync.compression.registry import register
-from fedsync.updates import CompressedTensor, TensorSpec
+from fedsync.updates import TensorSpec
 
 __all__ = ["DeMoConfig", "DeMoFeedback"]
 
@@ -56,7 +55,7 @@ class DeMoConfig(StageConfig):
         return DeMoFeedback(inner, self, state)
 
 
-class DeMoFeedback:
+class DeMoFeedback(MemoryStage):
     """Decoupled momentum around ``inner`` (any :class:`Compressor`).
 
     Parameters
@@ -89,13 +88,3 @@ class DeMoFeedback:
         compressed = self.inner.compress(spec, memory, seed)
         subtract_sent(memory, compressed, self.inner.sent(compressed))
         return compressed
-
-    def sent(self, compressed: Compressed) -> torch.Tensor:
-        """What the receiver decodes (delegated to the inner compressor)."""
-        return self.inner.sent(compressed)
-
-    def compress_update(
-        self, update: Mapping[str, torch.Tensor], seed: int = 0
-    ) -> list[CompressedTensor]:
-        """Compress every tensor of ``update`` through the momentum."""
-        return compress_update(self, update, seed)

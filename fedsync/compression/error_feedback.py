@@ -24,6 +24,7 @@ plain ``dict[str, numpy.ndarray]`` (``to_state``/``from_state``) for Flower's
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -158,7 +159,29 @@ memory_for = _memory
 """Public name of the memory lookup, for the other feedback stages (``demo``)."""
 
 
-class ErrorFeedback:
+class MemoryStage(ABC):
+    """A sender memory around ``inner`` (any :class:`Compressor`): subclasses implement
+    ``compress``; what the receiver decodes is the inner compressor's."""
+
+    inner: Compressor
+    state: ErrorFeedbackState
+
+    @abstractmethod
+    def compress(self, spec: TensorSpec, x: torch.Tensor, seed: int) -> Compressed:
+        """Compress ``x`` through the memory (subclasses say how)."""
+
+    def sent(self, compressed: Compressed) -> torch.Tensor:
+        """What the receiver decodes (delegated to the inner compressor)."""
+        return self.inner.sent(compressed)
+
+    def compress_update(
+        self, update: Mapping[str, torch.Tensor], seed: int = 0
+    ) -> list[CompressedTensor]:
+        """Compress every tensor of ``update`` through the memory."""
+        return compress_update(self, update, seed)
+
+
+class ErrorFeedback(MemoryStage):
     """Error feedback around ``inner`` (any :class:`Compressor`).
 
     Parameters
@@ -200,13 +223,3 @@ class ErrorFeedback:
             else:
                 velocity.index_fill_(0, compressed.positions, 0.0)
         return compressed
-
-    def sent(self, compressed: Compressed) -> torch.Tensor:
-        """What the receiver decodes (delegated to the inner compressor)."""
-        return self.inner.sent(compressed)
-
-    def compress_update(
-        self, update: Mapping[str, torch.Tensor], seed: int = 0
-    ) -> list[CompressedTensor]:
-        """Compress every tensor of ``update`` with error feedback."""
-        return compress_update(self, update, seed)
