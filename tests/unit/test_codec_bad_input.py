@@ -73,7 +73,7 @@ def test_largest_64_bit_chunk_still_parses() -> None:
     assert config.quantizer.chunk == 2**63 - 1  # type: ignore[union-attr]
 
 
-def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
+def mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
     """A frame a hostile sender could write: one ``mask:`` tensor of a huge declared
     shape whose codes are all there is to it."""
     count = target_count(numel, density)
@@ -95,8 +95,8 @@ def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
 def test_derived_mask_costs_memory_per_value_not_per_declared_element() -> None:
     # 16M declared elements, 6 % kept: numpy's choice() would allocate arange(16M)
     # (128 MB); the frame itself is 0.5 MB.
-    payload, count = _mask_frame(1 << 24, 0.06, 4)
-    UpdateCodec().decode(_mask_frame(1 << 12, 0.5, 4)[0])  # compile the kernels untraced
+    payload, count = mask_frame(1 << 24, 0.06, 4)
+    UpdateCodec().decode(mask_frame(1 << 12, 0.5, 4)[0])  # compile the kernels untraced
     tracemalloc.start()
     try:
         decoded = UpdateCodec().decode(payload)

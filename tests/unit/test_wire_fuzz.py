@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsync.codec import UpdateCodec
-from fedsync.compression.base import target_count
 from fedsync.updates import (
     CompressedTensor,
     IndexMode,
@@ -47,6 +46,7 @@ from fedsync.wire import (
 )
 from fedsync.wire.layout import FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC
 from fedsync.wire.testing import FrameBuilder, reseal
+from tests.unit.test_codec_bad_input import mask_frame
 
 MUTATIONS_PER_KIND = 15_000
 CODEC_MUTATIONS_PER_KIND = 600
@@ -484,24 +484,6 @@ def test_codec_strings_with_absurd_numbers_raise_only_payload_error(
         pytest.fail(f"{template.format(number)!r}: {type(error).__name__} escaped: {error!r}")
 
 
-def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
-    """A ``mask:`` frame of one tensor of ``numel`` declared elements (zero codes)."""
-    count = target_count(numel, density)
-    chunks = -(-count // 1024)
-    tensor = CompressedTensor(
-        TensorSpec("w", (numel,)),
-        "mask",
-        None,
-        QuantizedValues(
-            "uniform",
-            bits,
-            np.zeros(count, np.uint8),
-            {"min": np.zeros(chunks, np.float32), "scale": np.ones(chunks, np.float32)},
-        ),
-    )
-    return encode_frame(f"mask:{density}+uniform:{bits}", [tensor]), count
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     log_numel=st.integers(10, 22),
@@ -511,8 +493,8 @@ def _mask_frame(numel: int, density: float, bits: int) -> tuple[bytes, int]:
 def test_derived_mask_memory_follows_the_payload_not_the_shape(
     log_numel: int, density: float, bits: int
 ) -> None:
-    payload, count = _mask_frame(1 << log_numel, density, bits)
-    UpdateCodec().decode(_mask_frame(64, 0.5, bits)[0])  # compile the kernels untraced
+    payload, count = mask_frame(1 << log_numel, density, bits)
+    UpdateCodec().decode(mask_frame(64, 0.5, bits)[0])  # compile the kernels untraced
     tracemalloc.start()
     try:
         UpdateCodec().decode(payload)
