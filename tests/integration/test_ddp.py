@@ -8,6 +8,7 @@ to pay the process start-up once.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -122,7 +123,14 @@ def _worker(rank: int, port: int, scenario: str, data_dir: str, out: str) -> Non
         result["crash"] = traceback.format_exc()
     finally:
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        # A step that failed inside the hook leaves DDP reducers (holding the Python hook
+        # state) and gloo work in reference cycles; collected at interpreter shutdown, a
+        # gloo thread that needs the GIL then aborts the process (seen once on CI as
+        # "terminate called without an active exception", SIGABRT). Collect them now.
+        gc.collect()
         dist.destroy_process_group()
+    # The result is on disk and the group is down: leave without interpreter teardown.
+    os._exit(0)
 
 
 def _scenario_train(data: tuple[torch.Tensor, ...], result: dict[str, Any]) -> None:
