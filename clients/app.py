@@ -26,9 +26,8 @@ from flwr.clientapp import ClientApp
 from clients.compressed import train_compressed
 from clients.runtime import ClientRuntime, LocalTraining
 from fedsync import protocol
-from fedsync.config import node_partition
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.protocol import TrainTask
+from fedsync.protocol import NodeProfile, TrainTask
 
 app = ClientApp()
 
@@ -64,16 +63,21 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server this node's ``partition-id``: its stable name across runs.
+    """Tell the server who this node is (:class:`~fedsync.protocol.NodeProfile`).
 
     Flower draws node ids at random in every simulation; the server orders devices,
-    assigns fleet profiles and seeds its draws by partition id instead, so runs repeat.
+    assigns fleet profiles and seeds its draws by ``partition-id`` instead, so runs
+    repeat. The node's torch device and declared ``device-class`` go into the run's
+    summary next to its measured task times.
     """
-    partition_id, num_partitions = node_partition(context.node_config)
-    metrics = MetricRecord(
-        {protocol.PARTITION_ID: partition_id, protocol.NUM_PARTITIONS: num_partitions}
+    runtime = ClientRuntime.from_context(context)
+    profile = NodeProfile(
+        partition_id=runtime.partition_id,
+        num_partitions=runtime.num_partitions,
+        device=str(runtime.device),
+        device_class=str(context.node_config.get(protocol.DEVICE_CLASS, "")),
     )
-    return Message(content=RecordDict({protocol.METRICS: metrics}), reply_to=msg)
+    return Message(content=profile.to_record(), reply_to=msg)
 
 
 def _train_dense(msg: Message, runtime: ClientRuntime) -> Message:

@@ -62,7 +62,9 @@ WORKER_DIR: Final = "worker-dir"
 TIMING_LOG: Final = "timing-log"
 """Node config key: a JSONL file that gets one line of phase times per message."""
 DEVICE_CLASS: Final = "device-class"
-"""Node config key: what kind of device this node is (free text, reported only)."""
+"""Node config key: what kind of device this node is (free text, reported only). The
+same key as :data:`fedsync.protocol.DEVICE_CLASS`, spelled here because this module
+must not import torch (a test checks they agree)."""
 WORKER_START_TIMEOUT: Final = 180.0
 
 app = ClientApp()

@@ -32,9 +32,12 @@ uint8 array is read as *malformed* (:attr:`TrainReply.malformed` says why) rathe
 raising: the server rejects and counts it.
 
 Before the first task the server sends each node one QUERY (CONFIG
-:data:`PROBE_KEY` ``= 1``) and expects METRICS :data:`PARTITION_ID` back: Flower draws
-node ids at random in every simulation, and the partition id gives each device a stable
-index, so fleet assignment, application order and seeded draws repeat from run to run.
+:data:`PROBE_KEY` ``= 1``) and expects a :class:`NodeProfile` back: METRICS
+:data:`PARTITION_ID` (Flower draws node ids at random in every simulation, and the
+partition id gives each device a stable index, so fleet assignment, application order
+and seeded draws repeat from run to run) and a :data:`NODE` ConfigRecord with the
+node's torch device and the device class it declares in its node config, which the run
+summary reports next to the node's measured task times.
 """
 
 from __future__ import annotations
@@ -99,6 +102,13 @@ PARTITION_ID: Final = "partition-id"
 """METRICS key of the probe's reply: the node's ``partition-id`` from its node config."""
 NUM_PARTITIONS: Final = "num-partitions"
 """METRICS key of the probe's reply: the node's ``num-partitions``."""
+NODE: Final = "node"
+"""ConfigRecord of the probe's reply: :data:`DEVICE` and :data:`DEVICE_CLASS`."""
+DEVICE: Final = "device"
+"""The torch device the node trains on (node config ``device`` wins over the run's)."""
+DEVICE_CLASS: Final = "device-class"
+"""Node config key (and probe reply key): free text naming the node's hardware, e.g.
+``jetson-orin`` or ``laptop-x86``; empty when the node declares none."""
 
 
 def payload_record(payload: bytes) -> ArrayRecord:
@@ -117,6 +127,59 @@ def read_payload(record: ArrayRecord | None, what: str) -> tuple[bytes, str]:
     if array.dtype != np.uint8 or array.ndim != 1:
         return b"", f"{what} payload must be 1-d uint8, got {array.dtype} {array.shape}"
     return array.tobytes(), ""
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """Who a node is: its reply to the partition probe.
+
+    Attributes
+    ----------
+    partition_id : int or None
+        The node's ``partition-id`` (``None``: it did not say).
+    num_partitions : int
+        The node's ``num-partitions`` (0: it did not say).
+    device : str
+        The torch device it trains on (``cpu``, ``cuda:0``).
+    device_class : str
+        The hardware class it declares in its node config (``""``: none).
+    """
+
+    partition_id: int | None
+    num_partitions: int = 0
+    device: str = ""
+    device_class: str = ""
+
+    def to_record(self) -> RecordDict:
+        """The probe reply's content."""
+        metrics = MetricRecord({NUM_PARTITIONS: self.num_partitions})
+        if self.partition_id is not None:
+            metrics[PARTITION_ID] = self.partition_id
+        node = ConfigRecord({DEVICE: self.device, DEVICE_CLASS: self.device_class})
+        return RecordDict({METRICS: metrics, NODE: node})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> NodeProfile:
+        """Read a probe reply; what is missing or of the wrong type is left empty."""
+        metrics: Mapping[str, object] = content.metric_records.get(METRICS) or {}
+        node: Mapping[str, object] = content.config_records.get(NODE) or {}
+
+        def integer(value: object) -> int | None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        def text(value: object) -> str:
+            return value[:200] if isinstance(value, str) else ""
+
+        return cls(
+            partition_id=integer(metrics.get(PARTITION_ID)),
+            num_partitions=integer(metrics.get(NUM_PARTITIONS)) or 0,
+            device=text(node.get(DEVICE)),
+            device_class=text(node.get(DEVICE_CLASS)),
+        )
+
+    def describe(self) -> dict[str, str]:
+        """The summary's per-device fields."""
+        return {"device": self.device, "device_class": self.device_class}
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,12 @@ from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, Wall
 from fedsync.clock.fleet import Assignment
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine, TaskPlan
-from fedsync.protocol import TrainReply, TrainTask
+from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.reports import RunRecorder, RunSummary
 from server.channel import Delivery, GridChannel
 from server.checkpoint import AsyncCheckpoint
 from server.journal import EvaluateFn, RunJournal
+from server.probe import device_order
 
 __all__ = ["AsyncRun", "EvaluateFn"]
 
@@ -108,14 +109,16 @@ class AsyncRun:
         self.scheduler: TaskScheduler
         self.device_of: dict[int, int] = {}
         """Flower node id -> stable device index (partition id order)."""
+        self.profiles: dict[int, NodeProfile] = {}
+        """Flower node id -> what the node said about itself in the probe."""
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         """Dispatch, collect and aggregate until a stop condition; write the summary."""
         runtime, strategy = self.config.runtime, self.engine.strategy
         node_ids = self.channel.wait_for_nodes(runtime.min_nodes, runtime.node_wait)
-        partitions = self.channel.probe(node_ids, runtime.probe_timeout)
-        order = sorted(node_ids, key=lambda n: (n not in partitions, partitions.get(n, 0), n))
+        self.profiles = self.channel.probe(node_ids, runtime.probe_timeout)
+        order = device_order(node_ids, self.profiles)
         self.device_of = {node_id: index for index, node_id in enumerate(order)}
         seed = self.config.training.seed
         self.fleet = load_fleet(self.config.clock.fleet).assign(
@@ -158,7 +161,7 @@ class AsyncRun:
             fleet=self.fleet.spec.name,
             clock=self.clock.describe(),
             tasks_in_flight_at_end=len(self.tasks),
-            devices=self.scheduler.summary(),
+            devices=self._device_summary(),
         )
 
     def _loop(self) -> str:
@@ -298,6 +301,9 @@ class AsyncRun:
         reply = self._replies.pop(event.task_id)
         node_id = plan.node_id
         staleness = self.engine.arrived(plan, len(reply.payload))
+        duration = event.time - self._dispatched_at.pop(plan.task_id)
+        compute_s = reply.metrics.get(protocol.COMPUTE_SECONDS)
+        self.scheduler.timed(node_id, duration, compute_s)
         self._event(
             "arrival",
             node_id,
@@ -309,8 +315,8 @@ class AsyncRun:
             bytes_down=len(plan.downlink.payload),
             num_examples=reply.num_examples,
             train_loss=reply.metrics.get(protocol.TRAIN_LOSS),
-            sim_duration=round(event.time - self._dispatched_at.pop(plan.task_id), 6),
-            wall_compute_s=reply.metrics.get(protocol.COMPUTE_SECONDS),
+            sim_duration=round(duration, 6),
+            wall_compute_s=compute_s,
         )
         verdict = self.engine.receive(
             plan, reply.payload, reply.num_examples, malformed=reply.malformed
@@ -403,6 +409,18 @@ class AsyncRun:
         self.clock.wake(plan.node_id)
 
     # --- helpers ------------------------------------------------------------------------------
+    def _device_summary(self) -> dict[str, dict[str, Any]]:
+        """Per-device counters and task times, with the device and class each node declared."""
+        devices: dict[str, dict[str, Any]] = {}
+        for node, stats in self.scheduler.summary().items():
+            profile = self.profiles.get(int(node))
+            devices[node] = {
+                "device_index": self.device_of.get(int(node)),
+                **(profile.describe() if profile is not None else {}),
+                **stats,
+            }
+        return devices
+
     def _event(self, kind: str, node_id: int, time_: float | None = None, **fields: Any) -> None:
         """Write a per-device event (its device index and simulated time added)."""
         when = self.journal.sim(time_) if time_ is not None else self.journal.sim_now()

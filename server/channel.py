@@ -18,8 +18,8 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedsync.protocol import TrainReply, TrainTask
-from server.probe import probe_partitions
+from fedsync.protocol import NodeProfile, TrainReply, TrainTask
+from server.probe import probe_nodes
 
 __all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
 
@@ -109,9 +109,9 @@ class GridChannel:
                 raise RuntimeError(f"no SuperNode connected within node-wait={timeout} s")
             self.sleep(1.0)
 
-    def probe(self, node_ids: list[int], timeout: float) -> dict[int, int]:
-        """Ask every node for its ``partition-id`` (see :func:`server.probe.probe_partitions`)."""
-        return probe_partitions(
+    def probe(self, node_ids: list[int], timeout: float) -> dict[int, NodeProfile]:
+        """Ask every node who it is (see :func:`server.probe.probe_nodes`)."""
+        return probe_nodes(
             self.grid, node_ids, timeout=timeout, poll_interval=self.poll_interval, sleep=self.sleep
         )
 

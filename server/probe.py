@@ -1,8 +1,9 @@
-"""Ask nodes who they are: a QUERY message answered with the node's ``partition-id``.
+"""Ask nodes who they are: a QUERY answered with a :class:`~fedsync.protocol.NodeProfile`.
 
 Flower draws node ids at random in every simulation, so anything ordered by node id
 (fleet assignment, who applies first, the seeds of dropout) would change from run to
-run. The partition id is the stable name of a device.
+run. The partition id is the stable name of a device. The profile also says which torch
+device the node trains on and the device class it declares, for the run summary.
 """
 
 from __future__ import annotations
@@ -16,24 +17,25 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsync import protocol
+from fedsync.protocol import NodeProfile
 
 PROBE_KEY = protocol.PROBE_KEY
-PARTITION_ID = protocol.PARTITION_ID
 
 
-def probe_partitions(
+def probe_nodes(
     grid: Grid,
     node_ids: list[int],
     *,
     timeout: float,
     poll_interval: float = 0.05,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[int, int]:
-    """Ask every node for its ``partition-id``; return node id -> partition id.
+) -> dict[int, NodeProfile]:
+    """Ask every node who it is; return node id -> its profile.
 
     Nodes that do not answer within ``timeout`` real seconds (no query handler, an
-    error) are left out; callers order them after the others, by node id. Probing is a
-    nicety: a failed push is logged, never raised.
+    error) are left out, and so are profiles without a ``partition-id``; callers order
+    those nodes after the others, by node id. Probing is a nicety: a failed push is
+    logged, never raised.
     """
     if timeout <= 0 or not node_ids:
         return {}
@@ -52,7 +54,7 @@ def probe_partitions(
         log(WARNING, "[fedsync] partition probe not sent: %s", err)
         return {}
     pending = {mid: node for mid, node in zip(message_ids, node_ids, strict=False) if mid}
-    found: dict[int, int] = {}
+    found: dict[int, NodeProfile] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         replies = list(grid.pull_messages(list(pending)))
@@ -60,10 +62,9 @@ def probe_partitions(
             node_id = pending.pop(reply.metadata.reply_to_message_id, None)
             if node_id is None or reply.has_error():
                 continue
-            metrics = reply.content.metric_records.get(protocol.METRICS)
-            value = metrics.get(PARTITION_ID) if metrics is not None else None
-            if isinstance(value, int) and not isinstance(value, bool):
-                found[node_id] = value
+            profile = NodeProfile.from_record(reply.content)
+            if profile.partition_id is not None:
+                found[node_id] = profile
         if pending and not replies:
             sleep(poll_interval)
     if len(found) < len(node_ids):
@@ -74,3 +75,14 @@ def probe_partitions(
             len(node_ids),
         )
     return found
+
+
+def device_order(node_ids: list[int], profiles: dict[int, NodeProfile]) -> list[int]:
+    """Nodes in stable device order: by ``partition-id``, then the silent ones by node id."""
+
+    def key(node_id: int) -> tuple[bool, int, int]:
+        profile = profiles.get(node_id)
+        partition = profile.partition_id if profile is not None else None
+        return (partition is None, partition or 0, node_id)
+
+    return sorted(node_ids, key=key)

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 
 from fedsync.clock import Fleet, TaskWork, VirtualClock, load_fleet
 from fedsync.clock.fleet import Assignment
-from server.probe import probe_partitions
+from server.probe import device_order, probe_nodes
 
 
 @dataclass
@@ -70,8 +70,8 @@ class SyncRoundClock:
     def assign(self, grid: Grid, node_ids: list[int]) -> None:
         """Give every node a device profile (once; later nodes take the next device)."""
         if self.fleet is None:
-            partitions = probe_partitions(grid, node_ids, timeout=self.probe_timeout)
-            order = sorted(node_ids, key=lambda n: (n not in partitions, partitions.get(n, 0), n))
+            profiles = probe_nodes(grid, node_ids, timeout=self.probe_timeout)
+            order = device_order(node_ids, profiles)
             self.device_of = {node: index for index, node in enumerate(order)}
             self.fleet = self.spec.assign(
                 node_ids, how=self.assignment, seed=self.seed, key=self.device_of.__getitem__

@@ -19,9 +19,10 @@ wait for replies that will never come.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 __all__ = ["DeviceState", "DeviceStats", "SchedulerError", "TaskScheduler"]
@@ -55,6 +56,11 @@ class DeviceStats:
     lost: int = 0
     consecutive_failures: int = 0
     last_failure: str = ""
+    task_seconds: list[float] = field(default_factory=list)
+    """Clock seconds from dispatch to reply of each replied task (wall seconds on a
+    deployment, simulated seconds in a simulation)."""
+    compute_seconds: list[float] = field(default_factory=list)
+    """Wall seconds each replied task trained, as the device measured them."""
 
 
 class TaskScheduler:
@@ -159,6 +165,13 @@ class TaskScheduler:
         stats.consecutive_failures = 0
         stats.state = DeviceState.IDLE
 
+    def timed(self, node_id: int, task_seconds: float, compute_seconds: float | None) -> None:
+        """Record how long one of the device's tasks took (reply to dispatch) and trained."""
+        stats = self._stats(node_id)
+        stats.task_seconds.append(float(task_seconds))
+        if compute_seconds is not None:
+            stats.compute_seconds.append(float(compute_seconds))
+
     def fail(self, node_id: int, reason: str) -> bool:
         """The device's task failed; returns True if the device is now retired.
 
@@ -206,8 +219,8 @@ class TaskScheduler:
         stats.consecutive_failures = 0
         return True
 
-    def summary(self) -> dict[str, dict[str, int | str]]:
-        """Per-device counters, by node id (as strings, for JSON)."""
+    def summary(self) -> dict[str, dict[str, int | str | float | None]]:
+        """Per-device counters and median task times, by node id (as strings, for JSON)."""
         return {
             str(node_id): {
                 "state": stats.state.value,
@@ -216,6 +229,8 @@ class TaskScheduler:
                 "failures": stats.failures,
                 "lost": stats.lost,
                 "last_failure": stats.last_failure,
+                "task_seconds_median": _median(stats.task_seconds),
+                "compute_seconds_median": _median(stats.compute_seconds),
             }
             for node_id, stats in sorted(self.devices.items())
         }
@@ -233,3 +248,8 @@ class TaskScheduler:
             raise SchedulerError(f"node {node_id} has no task in flight ({stats.state.value})")
         self._busy.discard(node_id)
         return stats
+
+
+def _median(values: list[float]) -> float | None:
+    """The median, rounded for the summary (``None`` for no values)."""
+    return round(statistics.median(values), 6) if values else None

@@ -79,7 +79,7 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
                 "local-epochs": 1,
                 "max-aggregations": 8,
                 "eval-every": 4,
-                "probe-timeout": 0.0,
+                "probe-timeout": 120.0,  # the nodes' profiles go into the summary
                 "plots": False,
                 "results-dir": str(results),
                 "run-name": "warm",
@@ -96,6 +96,10 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
 
     summary = json.loads((results / "warm" / "summary.json").read_text())
     assert summary["aggregations"] == 8
+    # Each node's declared class and device, next to its measured task times.
+    devices = sorted(summary["devices"].values(), key=lambda d: d["device_index"])
+    assert [(d["device_class"], d["device"]) for d in devices] == [("test-cpu", "cpu")] * 2
+    assert all(d["task_seconds_median"] > 0 and d["compute_seconds_median"] > 0 for d in devices)
     # Node 0 went on after the crash: its timing log has lines from two executor processes.
     lines = [json.loads(x) for x in (tmp_path / "timing-0.jsonl").read_text().splitlines()]
     trains = [x for x in lines if x["message_type"] == "train"]

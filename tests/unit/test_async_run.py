@@ -25,7 +25,6 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 from flwr.supercore.task_identity import TaskIdentity
 
 import server.channel as channel
-import server.probe as probe
 from fedsync import protocol
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
@@ -102,8 +101,10 @@ class FakeClients:
         if message.metadata.message_type == MessageType.QUERY:
             if node not in self.partitions:  # a ClientApp without a query handler
                 return Message(Error(code=2, reason="no query handler"), reply_to=message)
-            metrics = MetricRecord({probe.PARTITION_ID: self.partitions[node]})
-            return Message(RecordDict({protocol.METRICS: metrics}), reply_to=message)
+            profile = protocol.NodeProfile(
+                self.partitions[node], device="cpu", device_class=f"class-{node % 2}"
+            )
+            return Message(profile.to_record(), reply_to=message)
         mode = self.behaviour.get(node, "ok")
         if mode == "silent":
             return None
@@ -735,3 +736,25 @@ def test_downlink_codec_with_error_feedback_is_refused(tmp_path: Path) -> None:
             uplink_codec="topk:0.1+uniform:8+ef",
             downlink_codec="topk:0.5+fp16+ef",
         )
+
+
+def test_summary_reports_each_nodes_device_class_next_to_its_task_times(tmp_path: Path) -> None:
+    nodes = [50, 10, 40, 20, 30]
+    result, events, _, _ = run(
+        tmp_path, "profiles", nodes=nodes, partitions={n: i for i, n in enumerate(nodes)}
+    )
+    devices = result.summary["devices"]
+    assert set(devices) == {str(n) for n in nodes}
+    for node in nodes:
+        entry = devices[str(node)]
+        assert entry["device"] == "cpu" and entry["device_class"] == f"class-{node % 2}"
+        assert entry["device_index"] == nodes.index(node)
+        durations = [
+            e["sim_duration"] for e in events if e["event"] == "arrival" and e["node"] == node
+        ]
+        assert entry["task_seconds_median"] == pytest.approx(float(np.median(durations)))
+    # A node that did not answer the probe has counters and times but no profile.
+    result, _, _, _ = run(tmp_path, "no-profile", nodes=nodes, partitions={50: 0})
+    assert result.summary["devices"]["50"]["device_class"] == "class-0"
+    assert "device_class" not in result.summary["devices"]["10"]
+    assert result.summary["devices"]["10"]["task_seconds_median"] is not None
