@@ -301,10 +301,7 @@ def run_path(
     started = time.monotonic()
     try:
         deployment.start()
-        groups = [[p.pid] for p in deployment.supernodes]
-        if isinstance(deployment, WarmLocalDeployment):  # its executors: groups of their own
-            for node_groups, executor in zip(groups, deployment.executors, strict=True):
-                node_groups.append(executor.pid)
+        groups = [[p.pid] for p in deployment.supernodes]  # a warm node's executor included
         sampler = RssSampler(groups, every=2.0)
         sampler.start()
         try:

@@ -1,8 +1,8 @@
 """Warm executors on a real loopback deployment (``WarmLocalDeployment``), a crash included.
 
 Real flower-superlink and flower-supernode processes (``--isolation process``), each node
-with its supervised warm executor (:mod:`clients.node_exec`); one executor is SIGKILLed
-while the run goes on. Every process is stopped by pid.
+started by ``fedsync-node`` with its supervised warm executor (:mod:`clients.node_exec`);
+one executor is SIGKILLed while the run goes on. Every process is stopped by pid.
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_root: Path) -> None:
     results = tmp_path / "results"
     nodes = [
@@ -60,7 +67,11 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
         while time.monotonic() < deadline:
             _, messages = parse_supernode_log(log) if log.exists() else (None, [])
             if sum(1 for m in messages if m.kind == "train" and m.complete) >= 1:
-                for child in _children(deployment.executors[0].pid):
+                # fedsync-node -> the supervisor -> the executor it runs
+                (supervisor,) = [
+                    c for c in _children(deployment.supernodes[0].pid) if "--supervise" in _cmd(c)
+                ]
+                for child in _children(supervisor):
                     os.kill(child, signal.SIGKILL)
                     killed.append(child)
                 return
@@ -92,7 +103,7 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
     assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
     assert live_group_members(pids) == []
     assert killed, "the executor of node 0 was never killed"
-    assert "starting it again" in (deployment.link.logs / "executor-0.log").read_text()
+    assert "starting it again" in (deployment.link.logs / "supernode-0.log").read_text()
 
     summary = json.loads((results / "warm" / "summary.json").read_text())
     assert summary["aggregations"] == 8
