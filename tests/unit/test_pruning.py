@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import magnitude_masks, mask_digest, masked_spec
@@ -25,6 +27,7 @@ from fedsync.wire import (
     ChecksumMismatch,
     CountMismatch,
     MalformedField,
+    PayloadError,
     SchemaMismatch,
     TrailingBytes,
     TruncatedPayload,
@@ -32,6 +35,7 @@ from fedsync.wire import (
     encode_frame,
     inspect_frame,
 )
+from fedsync.wire.buffer import encode_varint
 from fedsync.wire.mask import decode_masks, encode_masks
 
 SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "fc.weight": (10, 50)}
@@ -301,3 +305,53 @@ def test_prune_settings_are_checked_at_start() -> None:
         RunConfig.of(prune_sparsity=1.0)
     with pytest.raises(SettingsError, match="prune-at-version"):
         RunConfig.of(prune_at_version=-2)
+
+
+# --- the mask frame under fuzzing: bad bytes raise PayloadError, and only that ----------------
+def _mask_frame() -> bytes:
+    return encode_masks(magnitude_masks(model(), 0.9), SPECS, version=7)
+
+
+def _decode_or_payload_error(payload: bytes) -> None:
+    try:
+        decoded = decode_masks(payload, SPECS)
+    except PayloadError:
+        return
+    for name, mask in decoded.masks.items():  # what passes is a mask of the tensor's shape
+        assert mask.shape == SPECS[name].shape and mask.dtype == torch.bool
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    sealed=st.booleans(),
+)
+def test_edited_mask_frames_raise_only_payload_error(
+    edits: list[tuple[int, int]], sealed: bool
+) -> None:
+    body = bytearray(_mask_frame()[:-4])
+    for index, value in edits:
+        body[index % len(body)] = value
+    payload = _reframe(bytes(body)) if sealed else bytes(body) + _mask_frame()[-4:]
+    _decode_or_payload_error(payload)
+
+
+def test_every_truncation_of_a_mask_frame_is_a_payload_error() -> None:
+    frame = _mask_frame()
+    for end in range(len(frame)):
+        with pytest.raises(PayloadError):
+            decode_masks(frame[:end], SPECS)
+        with pytest.raises(PayloadError):
+            decode_masks(_reframe(frame[:end]), SPECS)
+
+
+def test_a_huge_declared_length_fails_before_reading_a_bitmap() -> None:
+    good = _mask_frame()[:-4]
+    count_at = 4 + 1 + 1 + 8  # magic, version, model version, schema digest
+    name = b"\x0bconv.weight"
+    assert good[count_at + 1 : count_at + 1 + len(name)] == name
+    huge = encode_varint(2**62)
+    body = good[: count_at + 1 + len(name)] + huge + good[count_at + 1 + len(name) + 2 :]
+    with pytest.raises(CountMismatch) as err:
+        decode_masks(_reframe(body), SPECS)
+    assert err.value.field == "numel" and err.value.got == 2**62
