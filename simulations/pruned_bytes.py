@@ -87,9 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(runs, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     for name, run in runs.items():
-        after = run["uplink_bytes_per_update"]["after_cut"] or run["uplink_bytes_per_update"][
-            "before_cut"
-        ]
+        after = (
+            run["uplink_bytes_per_update"]["after_cut"]
+            or run["uplink_bytes_per_update"]["before_cut"]
+        )
         print(
             f"{name}: final accuracy {run['final_accuracy']}, "
             f"uplink {after['mean'] if after else 0:.0f} B/update"
