@@ -362,7 +362,8 @@ class AsyncRun:
         if pruned is None or self._prune_logged:
             return
         self._prune_logged = True
-        self.recorder.events.write("prune", **pruned.describe(), sim_time=self.journal.sim_now())
+        cut = {k: v for k, v in pruned.describe().items() if k != "masks_sent"}  # 0 here
+        self.recorder.events.write("prune", **cut, sim_time=self.journal.sim_now())
         log(
             INFO,
             "[fedsync] pruned the global model at version %d: %.0f%% of %d weights zero, "
