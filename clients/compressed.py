@@ -14,6 +14,14 @@ task did not send goes out with a later one. A restarted SuperNode has an empty
 ``context.state``; with node config ``state-dir`` the memory is also kept on disk and
 picked up from there (:mod:`clients.state_store`). Node config ``fault`` turns the node
 into a faulty one for deployment tests (:mod:`clients.faults`).
+
+In a pruned run (``prune-at-version``) the first task after the cut brings the pruning
+masks (a bitmap frame, :mod:`fedsync.wire.mask`); the node keeps them in
+``context.state``. Tasks whose codec specs name masks (``mask:digest=...``) decode the
+downlink with them, train with the pruned weights held at zero (their gradients are
+masked), and send values at the kept positions only. A node asked for masks it does not
+hold (restarted) or holds other masks than the task names refuses the task with
+:class:`PruningMaskError`: the server then sends the masks again with the next one.
 """
 
 from __future__ import annotations
@@ -30,11 +38,15 @@ from clients.runtime import ClientRuntime, LocalTraining
 from clients.state_store import CodecStateStore
 from fedsync import protocol
 from fedsync.codec import UpdateCodec, specs_of
+from fedsync.compression.pruning import mask_digest
+from fedsync.compression.sparsifiers.mask import MaskConfig
+from fedsync.compression.spec import parse_spec
 from fedsync.config import RunConfig
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.records import get_int
 from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec, densify
+from fedsync.wire.mask import decode_masks
 
 CODEC_STATE = "fedsync-codec-state"
 """``context.state`` record: the uplink codec's sender memory (residuals, step)."""
@@ -42,10 +54,18 @@ DOWNLINK_BASE = "fedsync-downlink-base"
 """``context.state`` record: the model this node decoded from its last downlink."""
 FAULT_COUNTER = "fedsync-faults"
 """``context.state`` record: compressed tasks seen, to cycle injected fault kinds."""
+PRUNING_MASK = "fedsync-pruning-mask"
+"""``context.state`` record: the pruning-mask frame this node was sent (a pruned run)."""
+
+Masks = dict[str, torch.Tensor]
 
 
 class MissingDownlinkBase(ValueError):
     """A delta downlink arrived, but this node holds no model to apply it to."""
+
+
+class PruningMaskError(ValueError):
+    """A task names pruning masks this node does not hold (or holds others)."""
 
 
 def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
@@ -59,13 +79,21 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     # the simulation every node's context stays in one process, and a model per node
     # there grows with the number of nodes for nothing.
     keep_base = RunConfig.from_run_config(context.run_config).compression.downlink_kind == "delta"
-    start = _apply_downlink(task.payload, task.downlink_kind, specs, context, keep_base=keep_base)
+    masks = _pruning_masks(task, specs, context)
+    start = _apply_downlink(
+        task.payload, task.downlink_kind, specs, context, keep_base=keep_base, masks=masks
+    )
     model.load_state_dict(start, strict=False)
     model.to(runtime.device)
 
     train_set, _ = runtime.data()
+    hooks = _hold_pruned_at_zero(model, masks)
     started = time.perf_counter()
-    result = LocalTraining.from_train_task(task, runtime).run(model, train_set, runtime.device)
+    try:
+        result = LocalTraining.from_train_task(task, runtime).run(model, train_set, runtime.device)
+    finally:
+        for hook in hooks:
+            hook.remove()
     compute_seconds = time.perf_counter() - started
 
     # The delta is taken where training ran: on a GPU node the codec then runs the
@@ -76,7 +104,9 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
         name: trained[name].detach().float() - start[name].to(runtime.device).float()
         for name in specs
     }
-    uplink = _encode_uplink(delta, task, context, runtime)
+    for name, mask in (masks or {}).items():
+        delta[name] = delta[name] * mask.to(runtime.device)
+    uplink = _encode_uplink(delta, task, context, runtime, masks)
     reply = TrainReply(
         uplink,
         {
@@ -91,7 +121,11 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
 
 
 def _encode_uplink(
-    delta: Mapping[str, torch.Tensor], task: TrainTask, context: Context, runtime: ClientRuntime
+    delta: Mapping[str, torch.Tensor],
+    task: TrainTask,
+    context: Context,
+    runtime: ClientRuntime,
+    masks: Masks | None = None,
 ) -> bytes:
     """Compress ``delta`` with this node's error-feedback memory and keep the memory."""
     # Both ends know the model: frames carry its schema digest, not its tensor table.
@@ -99,6 +133,7 @@ def _encode_uplink(
         task.uplink_codec,
         seed=runtime.settings.seed * 100_003 + runtime.partition_id,
         specs=specs_of(delta),
+        masks=masks,
     )
     store = CodecStateStore.from_node_config(
         runtime.node_config, job=task.job, partition_id=runtime.partition_id
@@ -117,9 +152,13 @@ def _apply_downlink(
     context: Context,
     *,
     keep_base: bool = True,
+    masks: Masks | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Decode the downlink into the model to start from; remember it if ``keep_base``."""
-    decoded = densify(UpdateCodec().decode(payload, expected=specs))
+    """Decode the downlink into the model to start from; remember it if ``keep_base``.
+
+    ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs.
+    """
+    decoded = densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
     if kind == "full":
         start = decoded
     elif kind == "delta":
@@ -141,6 +180,68 @@ def _apply_downlink(
         {name: Array(tensor.numpy()) for name, tensor in start.items()}
     )
     return start
+
+
+def _pruning_masks(
+    task: TrainTask, specs: Mapping[str, TensorSpec], context: Context
+) -> Masks | None:
+    """The pruning masks the task's codecs name, keeping any the task delivers.
+
+    Returns ``None`` when the uplink spec names no masks (no cut yet, or not a pruned
+    run).
+
+    Raises
+    ------
+    fedsync.wire.PayloadError
+        For a mask frame that is broken or made for another model (the node keeps what
+        it held before).
+    PruningMaskError
+        If the spec names masks this node does not hold, or other masks than it holds,
+        or the delivered masks were cut after the task's model version.
+    """
+    if task.mask:
+        delivered = decode_masks(task.mask, specs)
+        if delivered.version > task.version:
+            raise PruningMaskError(
+                f"pruning masks cut at model version {delivered.version} came with a task "
+                f"of version {task.version}"
+            )
+        context.state.array_records[PRUNING_MASK] = ArrayRecord(
+            {"frame": Array(np.frombuffer(task.mask, dtype=np.uint8).copy())}
+        )
+    sparsifier = parse_spec(task.uplink_codec).sparsifier
+    if not isinstance(sparsifier, MaskConfig) or sparsifier.digest is None:
+        return None
+    record = context.state.array_records.get(PRUNING_MASK)
+    if record is None or "frame" not in record:
+        raise PruningMaskError(
+            f"the task's codec {task.uplink_codec!r} names pruning masks this node does not "
+            "hold (restarted?); the server must send them again"
+        )
+    masks = decode_masks(record["frame"].numpy().tobytes(), specs).masks
+    held = mask_digest(masks)
+    if held != sparsifier.digest:
+        raise PruningMaskError(
+            f"the task names pruning masks {sparsifier.digest}, this node holds {held}"
+        )
+    return masks
+
+
+def _hold_pruned_at_zero(
+    model: torch.nn.Module, masks: Masks | None
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Mask the gradients of pruned parameters: the pruned weights, zero in the start
+    model, stay zero through SGD (momentum, weight decay and the proximal term of a
+    zero weight with a zero gradient are zero)."""
+    if not masks:
+        return []
+    hooks = []
+    for name, parameter in model.named_parameters():
+        mask = masks.get(name)
+        if mask is not None:
+            keep = mask.to(parameter.device, parameter.dtype)
+            hooks.append(parameter.register_hook(lambda grad, keep=keep: grad * keep))
+    return hooks
 
 
 def _load_codec_state(

@@ -292,8 +292,24 @@ class CompressionSection(Section):
         "send a full model instead of a delta that would leave the device further than this "
         "from the global model (relative L2; 0: always full)",
     )
+    prune_at_version: int = key(
+        -1,
+        "magnitude-prune the global model when it reaches this version; from then on "
+        "updates both ways carry values at the kept positions only (-1: never)",
+    )
+    prune_sparsity: float = key(
+        0.9, "fraction of each weight matrix / conv kernel pruned to zero (0 < s < 1)"
+    )
 
     def __post_init__(self) -> None:
+        if self.prune_at_version < -1:
+            _fail(
+                "prune-at-version",
+                "must be a model version >= 0, or -1 (never)",
+                self.prune_at_version,
+            )
+        if not 0.0 < self.prune_sparsity < 1.0:
+            _fail("prune-sparsity", "must be in (0, 1)", self.prune_sparsity)
         if self.downlink_kind not in ("full", "delta"):
             _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
         if not self.downlink_max_lag >= 0.0:

@@ -41,6 +41,8 @@ from fedsync.aggregation.downlink import (
 )
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
 from fedsync.aggregation.progress import RunTally
+from fedsync.aggregation.pruning import PrunedModel
+from fedsync.compression.pruning import masked_spec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
@@ -49,17 +51,22 @@ __all__ = ["AggregationEngine", "TaskPlan", "Verdict", "default_codec_factory"]
 
 
 def default_codec_factory(
-    spec: str, *, seed: int = 0, specs: Mapping[str, TensorSpec] | None = None
+    spec: str,
+    *,
+    seed: int = 0,
+    specs: Mapping[str, TensorSpec] | None = None,
+    masks: Mapping[str, torch.Tensor] | None = None,
 ) -> UpdateCodecLike:
     """Build :class:`fedsync.codec.UpdateCodec` from a spec string.
 
     ``seed`` fixes the random choices of stochastic codecs (random-k, stochastic
     rounding) the server encodes downlinks with; decoding needs no seed. With the
     model's ``specs`` its frames carry the model's schema digest, not its tensor table.
+    ``masks`` are a pruned run's explicit masks (``mask:digest=...`` specs).
     """
     from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
 
-    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed, specs=specs)
+    codec: UpdateCodecLike = UpdateCodec(spec, seed=seed, specs=specs, masks=masks)
     return codec
 
 
@@ -84,6 +91,9 @@ class TaskPlan:
     seed : int
         Seeds the task's random choices on the device (shuffling, stochastic rounding):
         distinct and reproducible per (run seed, task number).
+    mask : bytes
+        The pruning-mask frame (:mod:`fedsync.wire.mask`) when the device does not hold
+        the masks yet; empty otherwise.
     """
 
     task_id: str
@@ -93,6 +103,7 @@ class TaskPlan:
     uplink_spec: str
     downlink: DownlinkPayload
     seed: int
+    mask: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -183,8 +194,15 @@ class AggregationEngine:
         self.version = version
         # --- codecs (built once per spec; the uplink ones checked now, not mid-run) ---
         seed = config.training.seed
+        self.pruned: PrunedModel | None = None
+        """The masks of a pruned run, once cut (``prune-at-version``)."""
         self._codec_factory: Callable[[str], UpdateCodecLike] = codec_factory or (
-            lambda spec: default_codec_factory(spec, seed=seed, specs=self.specs)
+            lambda spec: default_codec_factory(
+                spec,
+                seed=seed,
+                specs=self.specs,
+                masks=self.pruned.masks if self.pruned is not None else None,
+            )
         )
         self._codecs: dict[str, UpdateCodecLike] = {}
         for spec in self.schedule.extreme_specs():
@@ -194,12 +212,20 @@ class AggregationEngine:
         if delta:
             for spec in self.downlink_schedule.extreme_specs():
                 self._downlink_codec(spec)
+        if compression.prune_at_version >= 0:
+            _check_maskable(
+                [
+                    *self.schedule.extreme_specs(),
+                    *self.downlink_schedule.extreme_specs(),
+                    compression.downlink_codec,
+                ]
+            )
         self.downlink = DownlinkEncoder(
             self.specs,
             full_codec=self._downlink_codec(compression.downlink_codec),
             kind=cast(DownlinkKind, compression.downlink_kind),
             delta_codec=(
-                (lambda version: self._codec(self.downlink_schedule.spec(version)))
+                (lambda version: self._codec(self._masked(self.downlink_schedule.spec(version))))
                 if delta
                 else None
             ),
@@ -217,6 +243,10 @@ class AggregationEngine:
         self.rejections: Counter[str] = Counter()
         """Rejected replies by what was wrong (decode error class, invalid, norm)."""
         self._starts: dict[str, dict[str, torch.Tensor]] = {}
+        if 0 <= compression.prune_at_version <= version:
+            # Pruning at version 0, or a run resumed at or after the cut: a cut model's
+            # zeros are its smallest entries, so the same masks come out again.
+            self._prune()
 
     # --- tasks --------------------------------------------------------------------------------
     def plan_task(self, node_id: int, number: int) -> TaskPlan:
@@ -228,25 +258,30 @@ class AggregationEngine:
             number=number,
             node_id=node_id,
             version=version,
-            uplink_spec=self.schedule.spec(version),
+            uplink_spec=self._masked(self.schedule.spec(version)),
             downlink=downlink,
             seed=task_seed(self.config.training.seed, number),
+            mask=self.pruned.for_task(node_id) if self.pruned is not None else b"",
         )
         if downlink.start is not None:
             self._starts[plan.task_id] = downlink.start
         self.tally.tasks += 1
-        self.tally.bytes_down += len(downlink.payload)
+        self.tally.bytes_down += len(downlink.payload) + len(plan.mask)
         return plan
 
     def forget(self, plan: TaskPlan) -> None:
         """The task failed or was lost: the device's copy of the model is unknown now."""
         self._starts.pop(plan.task_id, None)
         self.downlink.reset(plan.node_id)
+        if self.pruned is not None:
+            self.pruned.forget(plan.node_id)
 
     def arrived(self, plan: TaskPlan, payload_bytes: int) -> int:
         """A reply is in (counted now, whatever becomes of it); returns its staleness."""
         # The device replied, so it holds what its downlink decoded to.
         self.downlink.commit(plan.node_id)
+        if self.pruned is not None:
+            self.pruned.commit(plan.node_id)
         self.tally.arrivals += 1
         self.tally.bytes_up += payload_bytes
         return self.version - plan.version
@@ -297,6 +332,11 @@ class AggregationEngine:
         step = {name: delta.to("cpu") for name, delta in aggregate.update.items()}
         self.optimizer.step(self.trained, step)
         self.version += 1
+        if self.pruned is not None:
+            # The optimizer's momentum from before the cut must not revive pruned entries.
+            self.pruned.apply(self.trained)
+        elif self.version == self.config.compression.prune_at_version:
+            self._prune()
         return Verdict(
             "aggregated", staleness, updates=aggregate.count, weight_sum=aggregate.weight_sum
         )
@@ -332,8 +372,27 @@ class AggregationEngine:
             "server_optimizer": repr(self.optimizer),
             "rejections": dict(sorted(self.rejections.items())),
             "downlink_resyncs": self.downlink.resyncs,
+            "pruning": self.pruned.describe() if self.pruned is not None else None,
             "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
         }
+
+    # --- pruning ------------------------------------------------------------------------------
+    def _prune(self) -> None:
+        """Cut the global model now; every later payload both ways is masked."""
+        self.pruned = PrunedModel(
+            self.trained,
+            self.specs,
+            sparsity=self.config.compression.prune_sparsity,
+            version=self.version,
+        )
+        # Replicas from before the cut hold the pruned entries: full payloads next.
+        self.downlink.rebase(
+            self._downlink_codec(self._masked(self.config.compression.downlink_codec))
+        )
+
+    def _masked(self, spec: str) -> str:
+        """``spec``, restricted to the masks once the model is pruned."""
+        return self.pruned.spec(spec) if self.pruned is not None else spec
 
     # --- helpers ------------------------------------------------------------------------------
     def _codec(self, spec: str) -> UpdateCodecLike:
@@ -357,6 +416,17 @@ class AggregationEngine:
                 "downlink-kind = 'delta', which keeps a per-device residual on the server"
             )
         return codec
+
+
+def _check_maskable(specs: list[str]) -> None:
+    """Fail at start-up, not at the cut, if a spec has no masked form."""
+    for spec in specs:
+        try:
+            masked_spec(spec, "0" * 16)
+        except ValueError as err:
+            raise SettingsError(
+                f"prune-at-version: codec spec {spec!r} cannot be restricted to a mask: {err}"
+            ) from err
 
 
 def task_seed(seed: int, number: int) -> int:

@@ -18,6 +18,9 @@ A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
   ``downlink-kind = "full"`` it decodes to the whole model (floating-point tensors);
   with ``"delta"`` to a difference to add to the model this node last received (kept
   in ``context.state``).
+* ``DOWNLINK`` ``MASK`` (a pruned run only, once per device): the pruning masks as a
+  bitmap frame; the node keeps them in ``context.state``, and every later frame of
+  either direction holds values at the kept positions only.
 * ``CONFIG`` ConfigRecord: ``model-version`` (= ``server-round``), ``local-epochs``,
   ``local-steps``, ``learning-rate``, ``momentum``, ``batch-size``, ``proximal-mu``,
   ``uplink-codec`` (the task's spec string, density and bits filled in),
@@ -66,6 +69,10 @@ UPLINK: Final = "uplink"
 """ArrayRecord holding the encoded model update a device sends back."""
 PAYLOAD: Final = "payload"
 """The single uint8 array inside :data:`DOWNLINK` / :data:`UPLINK`."""
+MASK: Final = "mask"
+"""A second uint8 array of :data:`DOWNLINK` in a pruned run: the pruning-mask frame
+(:mod:`fedsync.wire.mask`), sent with a device's first task after the cut (and again
+after a failed or lost task)."""
 
 # --- task config keys (server -> client) ----------------------------------------------
 SERVER_ROUND: Final = "server-round"
@@ -204,6 +211,9 @@ class TrainTask:
         Local work (``local_steps = 0``: epochs decide).
     learning_rate, momentum, proximal_mu : float
         Local optimizer settings.
+    mask : bytes
+        The pruning-mask frame (:mod:`fedsync.wire.mask`) when this task delivers it;
+        empty otherwise.
     """
 
     payload: bytes
@@ -218,6 +228,7 @@ class TrainTask:
     learning_rate: float
     momentum: float
     proximal_mu: float
+    mask: bytes = b""
 
     @classmethod
     def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
@@ -250,7 +261,10 @@ class TrainTask:
                 JOB_KEY: self.job,
             }
         )
-        return RecordDict({DOWNLINK: payload_record(self.payload), CONFIG: config})
+        downlink = payload_record(self.payload)
+        if self.mask:
+            downlink[MASK] = Array(np.frombuffer(self.mask, dtype=np.uint8).copy())
+        return RecordDict({DOWNLINK: downlink, CONFIG: config})
 
     @classmethod
     def from_record(cls, content: RecordDict, *, run_id: int = 0) -> TrainTask:
@@ -263,9 +277,18 @@ class TrainTask:
         ValueError
             The downlink payload is missing or malformed.
         """
-        payload, why = read_payload(content.array_records.get(DOWNLINK), "downlink")
+        record = content.array_records.get(DOWNLINK)
+        payload, why = read_payload(record, "downlink")
         if why:
             raise ValueError(why)
+        mask = b""
+        if record is not None and MASK in record:
+            array = record[MASK].numpy()
+            if array.dtype != np.uint8 or array.ndim != 1:
+                raise ValueError(
+                    f"downlink mask must be 1-d uint8, got {array.dtype} {array.shape}"
+                )
+            mask = array.tobytes()
         config = content.config_records[CONFIG]
         return cls(
             payload=payload,
@@ -281,6 +304,7 @@ class TrainTask:
             learning_rate=get_float(config, LEARNING_RATE),
             momentum=get_float(config, MOMENTUM),
             proximal_mu=get_float(config, PROXIMAL_MU),
+            mask=mask,
         )
 
     @staticmethod

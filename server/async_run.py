@@ -102,6 +102,7 @@ class AsyncRun:
             20 * stop.max_aggregations * strategy.buffer_size + strategy.concurrency
         )
         self._last_node_refresh = 0.0
+        self._prune_logged = False
         self.stop_reason = ""
         # --- built by run(), once the nodes are known ---
         self.fleet: Fleet
@@ -152,6 +153,7 @@ class AsyncRun:
         log(INFO, "[fedsync] %s: %d nodes, %s", strategy.name, len(node_ids), self.clock.name)
         for node_id in order:
             self.clock.wake(node_id)
+        self._log_prune()
         self.journal.evaluate()
         self.stop_reason = self._loop()
         if self.journal.last_eval_version != self.engine.version:
@@ -213,7 +215,7 @@ class AsyncRun:
     def _dispatch(self, node_id: int, number: int) -> None:
         plan = self.engine.plan_task(node_id, number)
         self.tasks[plan.task_id] = plan
-        size = len(plan.downlink.payload)
+        size = len(plan.downlink.payload) + len(plan.mask)
         now = self.clock.now()
         self._dispatched_at[plan.task_id] = now
         send = self.clock.start(plan.task_id, node_id, size)
@@ -224,6 +226,7 @@ class AsyncRun:
             device=self.device_of[node_id],
             version=plan.version,
             bytes_down=size,
+            mask_bytes=len(plan.mask),
             downlink_kind=plan.downlink.kind,
             downlink_lag=round(plan.downlink.lag, 6),
             uplink_codec=plan.uplink_spec,
@@ -241,6 +244,7 @@ class AsyncRun:
             uplink_codec=plan.uplink_spec,
             task_seed=plan.seed,
             job=self.journal.job_id,
+            mask=plan.mask,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
         if failure:
@@ -312,7 +316,7 @@ class AsyncRun:
             version=plan.version,
             staleness=staleness,
             bytes_up=len(reply.payload),
-            bytes_down=len(plan.downlink.payload),
+            bytes_down=len(plan.downlink.payload) + len(plan.mask),
             num_examples=reply.num_examples,
             train_loss=reply.metrics.get(protocol.TRAIN_LOSS),
             sim_duration=round(duration, 6),
@@ -355,7 +359,26 @@ class AsyncRun:
         self.scheduler.finish(node_id)
         self.clock.wake(node_id)
         if verdict.status == "aggregated":
+            self._log_prune()
             self.journal.aggregated(event.time, verdict.updates, verdict.weight_sum)
+
+    def _log_prune(self) -> None:
+        """Record the cut once, when the engine has made it (``prune-at-version``)."""
+        pruned = self.engine.pruned
+        if pruned is None or self._prune_logged:
+            return
+        self._prune_logged = True
+        cut = {k: v for k, v in pruned.describe().items() if k != "masks_sent"}  # 0 here
+        self.recorder.events.write("prune", **cut, sim_time=self.journal.sim_now())
+        log(
+            INFO,
+            "[fedsync] pruned the global model at version %d: %.0f%% of %d weights zero, "
+            "masks %d bytes",
+            pruned.version,
+            100 * pruned.sparsity,
+            sum(m.numel() for m in pruned.masks.values()),
+            len(pruned.payload),
+        )
 
     def _on_error(self, event: ClockEvent) -> None:
         plan = self.tasks.pop(event.task_id)

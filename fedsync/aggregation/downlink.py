@@ -177,6 +177,18 @@ class DownlinkEncoder:
         self._pending.pop(node_id, None)
         self._replicas.pop(node_id, None)
 
+    def rebase(self, full_codec: UpdateCodecLike) -> None:
+        """The model changed outside the update path (pruned): forget every replica and
+        the cached payload, and encode whole-model payloads with ``full_codec`` now.
+
+        Every device's next payload is then a full one, so no delta is ever taken
+        against a replica from before the change.
+        """
+        self._full_codec = full_codec
+        self._full = None
+        self._replicas.clear()
+        self._pending.clear()
+
     def holds(self, node_id: int) -> dict[str, torch.Tensor] | None:
         """The model the server expects the device to hold once it has applied its last
         payload (delta mode; ``None``: unknown, its next payload is full)."""

@@ -9,7 +9,8 @@ Modules, one job each: :mod:`~fedsync.wire.layout` (the byte layout, documented
 field by field), :mod:`~fedsync.wire.encoder` and :mod:`~fedsync.wire.decoder`,
 :mod:`~fedsync.wire.index_coding` (choosing and coding positions),
 :mod:`~fedsync.wire.schema` (the model digest a frame carries instead of its table),
-:mod:`~fedsync.wire.buffer` (varints, bounded reads), :mod:`~fedsync.wire.registry`
+:mod:`~fedsync.wire.buffer` (varints, bounded reads), :mod:`~fedsync.wire.mask` (the
+pruning masks of a pruned run, as bitmaps), :mod:`~fedsync.wire.registry`
 (the one-byte codes), :mod:`~fedsync.wire.limits`, :mod:`~fedsync.wire.errors`, and
 :mod:`~fedsync.wire.testing` (building broken frames on purpose).
 """
