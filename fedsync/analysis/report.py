@@ -33,9 +33,12 @@ OVERALL = "(model)"
 """The key of the whole-model numbers among the layers'."""
 PARTITIONS = (2, 4, 8, 16)
 """Default partition counts for Zen's imbalance."""
-COST_KEYS = (*SPARSE_CODINGS, "dense", "entropy", "encoder_choice")
-"""The index costs reported: each coding, the bound, and what the frame encoder picks
-per tensor (the smallest wire coding, or none for a fully kept tensor)."""
+COST_KEYS = (*SPARSE_CODINGS, "dense", "entropy", "best_per_tensor", "sent")
+"""The index costs reported: each coding, the bound, the smallest wire coding of each
+tensor's support (none for a fully kept tensor: it travels dense), and ``sent``, the
+index sections the real frames carried (the frame encoder tries the context coder
+only where a quick test finds the support clustered, so it may send more than
+``best_per_tensor``)."""
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -137,7 +140,8 @@ def analyse(collection: Collection, *, partitions: Sequence[int] = PARTITIONS) -
                 # Empty or full support: no context section; the encoder codes it
                 # with the best of the others.
                 cost["context"] = min(cost[c] for c in ("bitmap", "elias_fano", "rice"))
-            cost["encoder_choice"] = (
+            cost["sent"] = 8.0 * update.sent_index_bytes[name]
+            cost["best_per_tensor"] = (
                 0.0  # every position kept: the frame sends the tensor dense, no index
                 if update.supports[name].size == spec.numel
                 else min(cost[c] for c in ("bitmap", "elias_fano", "rice", "context"))
@@ -212,8 +216,9 @@ def recommend(layers: dict[str, Any], k: int) -> dict[str, Any]:
         f"{len(sparse_layers)} sparse.",
         f"cheapest single index coding over the model: {best} at "
         f"{per_nnz[best]:.2f} bits per kept position (entropy bound H(rho)/rho "
-        f"{entropy:.2f}, int32 COO 32, bitmap {per_nnz['bitmap']:.2f}); the frame "
-        f"encoder's per-tensor choice reaches {per_nnz['encoder_choice']:.2f}.",
+        f"{entropy:.2f}, int32 COO 32, bitmap {per_nnz['bitmap']:.2f}); the best coding per "
+        f"tensor reaches {per_nnz['best_per_tensor']:.2f}, the real frames' index "
+        f"sections {per_nnz['sent']:.2f}.",
     ]
     return {
         "buffer": model["buffer"],
@@ -222,7 +227,8 @@ def recommend(layers: dict[str, Any], k: int) -> dict[str, Any]:
         "sparse_tensors": sparse_layers,
         "coding": best,
         "coding_bits_per_nnz": per_nnz[best],
-        "encoder_choice_bits_per_nnz": per_nnz["encoder_choice"],
+        "best_per_tensor_bits_per_nnz": per_nnz["best_per_tensor"],
+        "sent_bits_per_nnz": per_nnz["sent"],
         "entropy_bits_per_nnz": entropy,
         "coo_int32_over_best": 32.0 / per_nnz[best] if per_nnz[best] else None,
         "summary": lines,

@@ -169,10 +169,10 @@ def test_analyse_on_hand_made_updates() -> None:
     # the model's flat space: "b" follows "a" at offset 100
     assert model["numel"] == 104
     assert model["union_at_k"] == pytest.approx((4 / 104 + 6 / 104) / 2)
-    assert a["buffer"] == ("dense" if 0.035 > DENSE_ABOVE else "sparse")
+    assert a["buffer"] == ("dense" if DENSE_ABOVE < 0.035 else "sparse")
     assert b["buffer"] == "dense"  # a union of 1/4 to 1/2 of the tensor
     # the model's coding costs are the layers' sums
-    for coding in ("bitmap", "coo_int32", "dense", "entropy", "encoder_choice"):
+    for coding in ("bitmap", "coo_int32", "dense", "entropy", "best_per_tensor", "sent"):
         total = a["index_bytes_per_update"][coding] + b["index_bytes_per_update"][coding]
         assert model["index_bytes_per_update"][coding] == pytest.approx(total)
     assert model["index_bits_per_nnz"]["coo_int32"] == 32.0
@@ -184,3 +184,5 @@ def test_analyse_on_hand_made_updates() -> None:
     rec = report["recommendation"]
     assert rec["buffer"] == model["buffer"] and rec["coding"] == model["best_coding"]
     assert report["sent"]["index_bytes_per_update"] == 6
+    assert model["index_bytes_per_update"]["sent"] == 6
+    assert model["index_bits_per_nnz"]["sent"] == pytest.approx(8 * 6 * 4 / 12)
