@@ -105,36 +105,38 @@ def measure(numel: int, k: int, union: float, repeats: int) -> dict[str, Any]:
 
 
 def crossover(rows: list[dict[str, Any]]) -> float | None:
-    """The first union density at which the dense accumulator is the faster one."""
-    for row in sorted(rows, key=lambda r: r["union_density"]):
-        if row["sparse_over_dense"] >= 1.0:
+    """The lowest union density from which on the dense accumulator is always faster."""
+    ordered = sorted(rows, key=lambda r: r["union_density"])
+    for i, row in enumerate(ordered):
+        if all(r["sparse_over_dense"] >= 1.0 for r in ordered[i:]):
             return float(row["union_density"])
     return None
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Sparse/dense time ratio against union density, one line per K."""
+    """Sparse/dense time ratio against union density, one line per size and K."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for k in report["ks"]:
-        rows = [r for r in report["rows"] if r["k"] == k]
-        ax.plot(
-            [r["union_density"] for r in rows],
-            [r["sparse_over_dense"] for r in rows],
-            marker="o",
-            label=f"K = {k}",
-        )
+    for numel in report["numels"]:
+        for k in report["ks"]:
+            rows = [r for r in report["rows"] if r["k"] == k and r["numel"] == numel]
+            ax.plot(
+                [r["union_density"] for r in rows],
+                [r["sparse_over_dense"] for r in rows],
+                marker="o",
+                label=f"{numel / 1e6:g}M elements, K = {k}",
+            )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axvline(report["dense_above"], color="red", ls="--", lw=0.8, label="DENSE_ABOVE")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("union density of the K updates")
     ax.set_ylabel("sparse / dense time per aggregation")
-    ax.set_title(f"buffer accumulators, {report['numel']:,} elements (CPU)")
+    ax.set_title("buffer accumulators: sparse / dense time (CPU, 1 thread)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -143,34 +145,39 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--numel", type=int, default=1_000_000)
+    parser.add_argument("--numels", default="1000000,4000000", help="tensor sizes")
     parser.add_argument("--ks", default="3,10", help="comma-separated K values")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="small, print only")
     parser.add_argument("--out", default=str(RESULTS / "buffer_accumulators.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    numel = 200_000 if args.quick else args.numel
+    numels = [200_000] if args.quick else [int(n) for n in args.numels.split(",")]
     repeats = 3 if args.quick else args.repeats
     ks = [int(k) for k in args.ks.split(",")]
     rows = []
-    grid = [(k, union) for k in ks for union in UNION_DENSITIES]
-    for k, union in track(grid, "accumulators"):
+    grid = [(n, k, union) for n in numels for k in ks for union in UNION_DENSITIES]
+    for numel, k, union in track(grid, "accumulators"):
         rows.append(measure(numel, k, union, repeats))
         row = rows[-1]
         print(
-            f"K={k:3d} union={row['union_density']:.4f}  sparse {row['sparse_ms']:8.3f} ms  "
+            f"n={numel} K={k:3d} union={row['union_density']:.4f}  "
+            f"sparse {row['sparse_ms']:8.3f} ms  "
             f"dense {row['dense_ms']:8.3f} ms  ratio {row['sparse_over_dense']:6.2f}  "
             f"auto {row['auto_ms']:8.3f} ms ({row['auto_chose']})  identical={row['identical']}"
         )
     report: dict[str, Any] = {
         "what": "one aggregation (K adds + take) of one tensor, median of interleaved repeats",
-        "numel": numel,
+        "numels": numels,
         "ks": ks,
         "repeats": repeats,
         "threads": 1,
         "dense_above": DENSE_ABOVE,
-        "crossover_by_k": {str(k): crossover([r for r in rows if r["k"] == k]) for k in ks},
+        "crossover": {
+            f"{n}/K={k}": crossover([r for r in rows if r["k"] == k and r["numel"] == n])
+            for n in numels
+            for k in ks
+        },
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "rows": rows,
     }
-    print(json.dumps(report["crossover_by_k"]))
+    print(json.dumps(report["crossover"]))
     if not all(row["identical"] for row in rows):
         print("error: the accumulators disagree")
         return 1

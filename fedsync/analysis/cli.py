@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import torch
 
 from fedsync.analysis.collect import collect_updates
-from fedsync.analysis.report import OVERALL, PARTITIONS, analyse, plot_analysis
+from fedsync.analysis.report import OVERALL, PARTITIONS, analyse, plot_analysis, table
 from fedsync.compression.errors import SpecError
 from fedsync.config import RunConfig, SettingsError, check_keys
 
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=list(PARTITIONS),
         help="partition counts for the imbalance, e.g. 2,4,8,16",
     )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1, as a simulated client has)"
+    )
     parser.add_argument("--out", required=True, help="folder for analysis.json and the PNGs")
     parser.add_argument("--quiet", action="store_true", help="print only the recommendation")
     return parser
@@ -95,9 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the analysis; returns the exit code (2 for bad settings)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(arguments)
-    if args.clients < 2 or args.tasks < 1:
-        print("error: --clients must be >= 2 (overlap needs two) and --tasks >= 1", file=sys.stderr)
+    if args.clients < 2 or args.tasks < 1 or args.threads < 1:
+        print(
+            "error: --clients must be >= 2 (overlap needs two), --tasks and --threads >= 1",
+            file=sys.stderr,
+        )
         return 2
+    torch.set_num_threads(args.threads)
     try:
         config = read_run_config(args.run_config)
         collection = collect_updates(
@@ -117,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "analysis.json").write_text(json.dumps(report, indent=2) + "\n")
     plot_analysis(report, out)
+    if not args.quiet:
+        print("\n".join(table(report)))
     for line in report["recommendation"]["summary"]:
         print(line)
     model = report["layers"][OVERALL]

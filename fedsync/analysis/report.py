@@ -27,7 +27,7 @@ from fedsync.analysis.metrics import (
     union_growth,
 )
 
-__all__ = ["OVERALL", "PARTITIONS", "analyse", "plot_analysis"]
+__all__ = ["OVERALL", "PARTITIONS", "analyse", "plot_analysis", "table"]
 
 OVERALL = "(model)"
 """The key of the whole-model numbers among the layers'."""
@@ -233,6 +233,29 @@ def recommend(layers: dict[str, Any], k: int) -> dict[str, Any]:
         "coo_int32_over_best": 32.0 / per_nnz[best] if per_nnz[best] else None,
         "summary": lines,
     }
+
+
+def table(report: dict[str, Any]) -> list[str]:
+    """The per-layer numbers as fixed-width text lines (what the command prints)."""
+    k = report["k"]
+    parts = str(max(report["partitions"]))
+    lines = [
+        f"{'tensor':<20} {'numel':>8} {'density':>8} {f'union@{k}':>8} {'jaccard':>8} "
+        f"{f'imb@{parts}':>7} {'best':>10} {'bits/nz':>8} {'H/rho':>6} {'buffer':>7}"
+    ]
+    for name, layer in report["layers"].items():
+        bits = layer["index_bits_per_nnz"]
+        jaccard = layer["overlap"]["jaccard"]
+        imbalance = layer["imbalance"].get(parts)
+        lines.append(
+            f"{name[:20]:<20} {layer['numel']:>8} {layer['density']['mean']:>8.4f} "
+            f"{layer['union_at_k']:>8.4f} "
+            f"{(jaccard['mean'] if jaccard else float('nan')):>8.3f} "
+            f"{(imbalance['update']['mean'] if imbalance else float('nan')):>7.2f} "
+            f"{layer['best_coding']:>10} {bits[layer['best_coding']] or 0.0:>8.2f} "
+            f"{bits['entropy'] or 0.0:>6.2f} {layer['buffer']:>7}"
+        )
+    return lines
 
 
 def plot_analysis(report: dict[str, Any], folder: Path) -> list[Path]:
