@@ -5,15 +5,17 @@
     fedsync compare quickstart                 # fedsync's mode against Flower's FedAvg
     fedsync run --run-config "strategy='fedavg' num-rounds=5"
     fedsync deploy --nodes 3 --run-config "strategy='teasq' clock='wall'"
+    fedsync analyze --out runs/analysis --run-config "dataset='fashion-mnist'"
 
 ``run`` and ``compare`` go through :class:`fedsync.deploy.LocalSuperLink`: a simulation
 SuperLink started for the command and stopped at its end by process id, so nothing
 keeps running afterwards (plain ``flwr run`` leaves Flower's local SuperLink behind).
 Run-config keys are checked against :func:`fedsync.config.check_keys` before Flower is
 called; an unknown key is named with the closest valid one. ``deploy`` is
-``fedsync-deploy``. There is no sparsity-analysis subcommand: the project has no such
-tool yet. The command lives here, at the top of the imports (``kernels <- fedsync <-
-clients, server <- simulations``), because it drives the simulations and the deployment.
+``fedsync-deploy``; ``analyze`` is ``python -m fedsync.analysis`` (the sparsity of a
+model's real updates, and which buffer and index coding suit them). The command lives
+here, at the top of the imports (``kernels <- fedsync <- clients, server <-
+simulations``), because it drives the simulations and the deployment.
 """
 
 from __future__ import annotations
@@ -204,6 +206,22 @@ def deploy(ctx: typer.Context) -> None:
             except SettingsError as err:
                 raise _fail(str(err)) from err
     raise typer.Exit(deploy_main(args))
+
+
+@app.command(
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    },
+    add_help_option=False,
+)
+def analyze(ctx: typer.Context) -> None:
+    """Measure the sparsity of a model's real updates and recommend a server buffer and
+    an index coding (python -m fedsync.analysis; `fedsync analyze --help` for its options)."""
+    from fedsync.analysis.cli import main as analysis_main
+
+    raise typer.Exit(analysis_main(list(ctx.args)))
 
 
 def _keys_of(config: str) -> list[str]:

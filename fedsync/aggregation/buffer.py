@@ -1,11 +1,31 @@
-"""The K-update cache: sparse updates scatter-added, weighted, into dense accumulators.
+"""The K-update cache: sparse updates scatter-added, weighted, into per-tensor sums.
 
-FedBuff and TEASQ-Fed aggregate once ``K`` updates are cached. The cache never holds
-the updates themselves: each arriving :class:`~fedsync.updates.SparseTensor` is
-scatter-added (``index_add_``) with its weight into one dense float32 accumulator per
-model tensor, so memory is one model's worth whatever ``K`` is, and an update is never
-densified on its own. Low-rank updates (PowerSGD's ``P Q^T``) are kept as their factors,
-``r (m + n)`` floats each, and added with one matrix product when the buffer is taken.
+FedBuff and TEASQ-Fed aggregate once ``K`` updates are cached. An update is never
+densified on its own: each arriving :class:`~fedsync.updates.SparseTensor` is
+scatter-added (``index_add_``) with its weight into its tensor's accumulator. Low-rank
+updates (PowerSGD's ``P Q^T``) are kept as their factors, ``r (m + n)`` floats each,
+and added with one matrix product when the buffer is taken.
+
+Each tensor's accumulator is one of two kinds, switched by the union density it sees
+(how many positions the cached updates touch together, over the tensor's size):
+
+* *sparse*: the decoded updates' positions and values are kept as they arrived
+  (``12 * nnz`` bytes each) and folded at :meth:`UpdateBuffer.take`: one sort of
+  their positions gives the union, then one scatter-add per update into the union's
+  compact slots, and only the union is scaled and written into the (zeroed) result.
+* *dense*: one float32 slot per element, a model's worth of memory; an update costs
+  ``O(nnz)`` (the scatter alone), but the slots are zeroed and read out whole,
+  ``O(numel)``, per aggregation.
+
+No single kind wins everywhere (Zen's finding for sparse synchronisation, measured
+for this buffer by ``benchmarks/buffer_accumulators.py``): at small union densities
+the sparse kind skips a pass over the whole tensor, and as the union grows its sort
+costs more than that pass. ``"auto"`` (the default) starts every tensor sparse at each
+aggregation and turns it dense once its union passes :data:`DENSE_ABOVE` (or a dense
+or low-rank update arrives for it) by replaying the cached updates into dense slots.
+Both kinds add ``acc + value * weight`` with the same kernel in the same arrival
+order, so the aggregate has the same bits whichever kind held each tensor
+(``tests/unit/test_buffer.py`` checks it).
 
 Exactly ``K``: :meth:`UpdateBuffer.add` refuses a ``K+1``-th update until
 :meth:`UpdateBuffer.take` has emptied the cache. (An async strategy that appends
@@ -26,9 +46,31 @@ from fedsync.aggregation.validation import InvalidUpdate, validate_dense, valida
 from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, accumulate_lowrank
 from kernels.triton import scatter_add_
 
-__all__ = ["BufferFull", "BufferNotReady", "BufferedAggregate", "UpdateBuffer"]
+__all__ = [
+    "DENSE_ABOVE",
+    "Accumulator",
+    "BufferFull",
+    "BufferNotReady",
+    "BufferedAggregate",
+    "UpdateBuffer",
+]
 
 Normalization = Literal["count", "weight"]
+Accumulator = Literal["auto", "sparse", "dense"]
+"""How the buffer sums a tensor: by union density (``auto``), or always one kind."""
+
+DENSE_ABOVE = 0.005
+"""Union density (positions touched by the cached updates over the tensor's size)
+above which ``"auto"`` turns a tensor's accumulator dense.
+
+Measured by ``benchmarks/buffer_accumulators.py`` (``benchmarks/results/
+buffer_accumulators.json``: CPU time per aggregation, K = 3 and 10 updates of a 1M
+and a 4M-element tensor): the sparse kind costs 0.4-0.85x the dense one up to a union
+density of 0.003 and 1.2-1.5x at 0.01, growing to 4x at 0.1 and 7-10x at 0.3 (the
+sort of the union grows with it, while the dense kind's two passes over the tensor do
+not), so the switch sits between the last point where sparse won and the first where
+it lost. The sparse kind also holds less memory there: ``12 * K * nnz`` bytes against
+``4 * numel``."""
 
 
 class BufferFull(RuntimeError):
@@ -74,6 +116,12 @@ class UpdateBuffer:
         weights (``"weight"``, TEASQ-Fed: a convex combination, weights only re-balance).
     device : str or torch.device
         Where the accumulators live (``"cpu"``, ``"cuda"``).
+    accumulator : {"auto", "sparse", "dense"}
+        How each tensor is summed (see the module docstring): by the union density
+        it sees (``"auto"``), or always sparse, or always dense. The aggregate is the
+        same, bit for bit, either way.
+    dense_above : float
+        The union density at which ``"auto"`` turns a tensor dense, in ``[0, 1]``.
     """
 
     def __init__(
@@ -83,6 +131,8 @@ class UpdateBuffer:
         capacity: int,
         normalization: Normalization = "count",
         device: str | torch.device = "cpu",
+        accumulator: Accumulator = "auto",
+        dense_above: float = DENSE_ABOVE,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"buffer capacity K must be >= 1, got {capacity}")
@@ -90,15 +140,31 @@ class UpdateBuffer:
             raise ValueError(f"normalization must be 'count' or 'weight', got {normalization!r}")
         if not specs:
             raise ValueError("buffer needs at least one tensor spec")
+        if accumulator not in ("auto", "sparse", "dense"):
+            raise ValueError(
+                f"accumulator must be 'auto', 'sparse' or 'dense', got {accumulator!r}"
+            )
+        if not (math.isfinite(dense_above) and 0.0 <= dense_above <= 1.0):
+            raise ValueError(f"dense_above must be in [0, 1], got {dense_above}")
         self.specs: dict[str, TensorSpec] = dict(specs)
         self.capacity = capacity
         self.normalization: Normalization = normalization
         self.device = torch.device(device)
+        self.accumulator: Accumulator = accumulator
+        self.dense_above = dense_above
         # --- accumulation state (reset by take) ---
-        self._sums = {
-            name: torch.zeros(spec.numel, dtype=torch.float32, device=self.device)
-            for name, spec in self.specs.items()
-        }
+        # Dense sums, by tensor: every tensor with "dense" (allocated once, zeroed by
+        # clear), else those that passed the threshold in this aggregation.
+        self._sums: dict[str, torch.Tensor] = {}
+        if accumulator == "dense":
+            self._sums = {
+                name: torch.zeros(spec.numel, dtype=torch.float32, device=self.device)
+                for name, spec in self.specs.items()
+            }
+        self._sparse: dict[str, _SparseSums] = {}
+        self.last_kinds: dict[str, str] = {}
+        """Which kind held each tensor at the last :meth:`take` (``"sparse"`` or
+        ``"dense"``): what the union densities made ``"auto"`` choose."""
         self._lowrank: dict[str, list[tuple[float, LowRankTensor]]] = {}
         self._count = 0
         self._weight_sum = 0.0
@@ -169,10 +235,18 @@ class UpdateBuffer:
             # Indices are validated sorted and unique: the scatter-add is then an exact,
             # deterministic per-coordinate sum (Triton on CUDA, index_add_ elsewhere,
             # bit-identical; see kernels.triton.scatter).
-            scatter_add_(self._sums[name], indices, values, weight)
+            if name in self._sums:
+                scatter_add_(self._sums[name], indices, values, weight)
+                continue
+            held = self._sparse.setdefault(name, _SparseSums())
+            held.add(indices, values, weight)
+            limit = self.dense_above * self.specs[name].numel
+            # The union is counted only once the updates together could exceed it.
+            if self.accumulator == "auto" and held.total > limit and held.count > limit:
+                self._densify(name)
         for name, array in dense.items():
             flat = array.reshape(-1).to(self.device, dtype=torch.float32)
-            self._sums[name].add_(flat, alpha=weight)
+            self._densify(name).add_(flat, alpha=weight)
         for name, factors in lowrank.items():
             # Kept as factors (r * (m + n) floats); take() adds them all with one product.
             moved = LowRankTensor(
@@ -198,23 +272,104 @@ class UpdateBuffer:
                 f"buffer holds {self._count} of K={self.capacity} updates; aggregate only at K"
             )
         for name, terms in self._lowrank.items():
-            accumulate_lowrank(self._sums[name], terms)
+            accumulate_lowrank(self._densify(name), terms)
         if self.normalization == "count":
             scale = 1.0 / self._count
         else:
             # All weights zero (every update infinitely stale): move nowhere.
             scale = 1.0 / self._weight_sum if self._weight_sum > 0.0 else 0.0
-        update = {
-            name: (acc * scale).reshape(self.specs[name].shape) for name, acc in self._sums.items()
-        }
+        update: dict[str, torch.Tensor] = {}
+        for name, spec in self.specs.items():
+            if name in self._sums:
+                flat = self._sums[name] * scale
+                self.last_kinds[name] = "dense"
+            else:
+                # The untouched slots of a dense sum would read 0 * scale = +0.0 too.
+                flat = torch.zeros(spec.numel, dtype=torch.float32, device=self.device)
+                if name in self._sparse:
+                    union, sums = self._sparse[name].fold()
+                    flat[union] = sums * scale
+                self.last_kinds[name] = "sparse"
+            update[name] = flat.reshape(spec.shape)
         result = BufferedAggregate(update=update, count=self._count, weight_sum=self._weight_sum)
         self.clear()
         return result
 
     def clear(self) -> None:
         """Drop whatever is cached (the run ended between aggregations)."""
-        for acc in self._sums.values():
-            acc.zero_()
+        if self.accumulator == "dense":
+            for acc in self._sums.values():
+                acc.zero_()
+        else:
+            self._sums.clear()  # every tensor starts sparse again
+        self._sparse.clear()
         self._lowrank.clear()
         self._count = 0
         self._weight_sum = 0.0
+
+    def union_density(self, name: str) -> float:
+        """Positions the cached updates touch together in tensor ``name``, over its size,
+        while it is held sparse; ``1.0`` once it is dense (every slot is held)."""
+        if name in self._sums:
+            return 1.0
+        held = self._sparse.get(name)
+        return held.count / self.specs[name].numel if held is not None else 0.0
+
+    def _densify(self, name: str) -> torch.Tensor:
+        """The dense sum of tensor ``name``, made from its sparse sums if needed."""
+        acc = self._sums.get(name)
+        if acc is None:
+            acc = torch.zeros(self.specs[name].numel, dtype=torch.float32, device=self.device)
+            held = self._sparse.pop(name, None)
+            if held is not None:
+                held.replay(acc)  # the same additions, in the same order, as if dense
+            self._sums[name] = acc
+        return acc
+
+
+class _SparseSums:
+    """One tensor's sparse accumulator: the cached updates' positions and values, kept
+    as they arrived (the decoder's tensors, not copies), folded at the read-out.
+
+    Appending costs nothing per element; :attr:`count` (the union's size) is computed
+    only when the updates' combined size could pass the threshold, and
+    :meth:`fold` sums once: one sort of all the positions, then one scatter-add per
+    update, in arrival order, into the union's compact slots.
+    """
+
+    def __init__(self) -> None:
+        self.terms: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        self.total = 0
+        """Positions over all cached updates: an upper bound of the union's size."""
+        self._union: torch.Tensor | None = None
+
+    def add(self, indices: torch.Tensor, values: torch.Tensor, weight: float) -> None:
+        """Cache ``weight * values`` at ``indices`` (sorted, unique)."""
+        self.terms.append((indices, values, weight))
+        self.total += int(indices.numel())
+        self._union = None
+
+    def union(self) -> torch.Tensor:
+        """The sorted positions any cached update touches."""
+        if self._union is None:
+            self._union = torch.unique(torch.cat([t[0] for t in self.terms]), sorted=True)
+        return self._union
+
+    @property
+    def count(self) -> int:
+        """Positions in the union."""
+        return int(self.union().numel())
+
+    def fold(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(union, sums)``: each union position's weighted sum, added in arrival order
+        with the dense accumulator's kernel (``0 + v1 w1 + v2 w2 ...``)."""
+        union = self.union()
+        sums = torch.zeros(union.numel(), dtype=torch.float32, device=union.device)
+        for indices, values, weight in self.terms:
+            scatter_add_(sums, torch.searchsorted(union, indices), values, weight)
+        return union, sums
+
+    def replay(self, acc: torch.Tensor) -> None:
+        """Add every cached update into the dense ``acc``, in arrival order."""
+        for indices, values, weight in self.terms:
+            scatter_add_(acc, indices, values, weight)

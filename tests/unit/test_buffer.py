@@ -222,3 +222,104 @@ def test_low_rank_updates_are_kept_as_factors_and_added_once() -> None:
     bad = LowRankTensor(spec, torch.full((12, 1), float("nan")), torch.ones(6, 1))
     with pytest.raises(InvalidUpdate, match="factor P"):
         UpdateBuffer({"w": spec}, capacity=1).add({"w": bad}, 1.0)
+
+
+def mixed_update(gen: torch.Generator, specs: dict[str, TensorSpec], dense: set[str]) -> dict:
+    """Sparse tensors of random density (some empty, some full), dense ones for ``dense``."""
+    update: dict[str, SparseTensor | torch.Tensor] = {}
+    for name, spec in specs.items():
+        if name in dense:
+            update[name] = torch.randn(spec.shape, generator=gen)
+            continue
+        keep = int(torch.randint(0, spec.numel + 1, (1,), generator=gen))
+        keep = keep if torch.rand(1, generator=gen) < 0.5 else keep // 50
+        positions = torch.randperm(spec.numel, generator=gen)[:keep].sort().values
+        update[name] = SparseTensor(spec, positions, torch.randn(keep, generator=gen))
+    return update
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    k=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    dense_above=st.sampled_from([0.0, 0.01, 0.05, 0.3, 1.0]),
+    normalization=st.sampled_from(["count", "weight"]),
+    with_dense=st.booleans(),
+)
+def test_sparse_dense_and_auto_accumulators_give_the_same_bits(
+    k: int, seed: int, dense_above: float, normalization: Normalization, with_dense: bool
+) -> None:
+    """Whatever kind holds each tensor, and wherever auto switches, every aggregate is
+    bit-identical (-0.0 included) over several aggregations of one buffer."""
+    specs = {
+        "big": TensorSpec("big", (40, 50)),
+        "mid": TensorSpec("mid", (300,)),
+        "b": TensorSpec("b", (7,)),
+    }
+    gen = torch.Generator().manual_seed(seed)
+    updates = [mixed_update(gen, specs, {"b"} if with_dense else set()) for _ in range(2 * k)]
+    weights = [float(w) for w in torch.rand(2 * k, generator=gen)]
+    weights[0] = 0.0
+    outputs = {}
+    for kind in ("dense", "sparse", "auto"):
+        buffer = UpdateBuffer(
+            specs,
+            capacity=k,
+            normalization=normalization,
+            accumulator=kind,  # type: ignore[arg-type]
+            dense_above=dense_above,
+        )
+        takes = []
+        for update, weight in zip(updates, weights, strict=True):
+            buffer.add(update, weight)
+            if buffer.is_full:
+                takes.append(buffer.take().update)
+        outputs[kind] = takes
+    for kind in ("sparse", "auto"):
+        for got, want in zip(outputs[kind], outputs["dense"], strict=True):
+            for name in specs:
+                assert torch.equal(got[name].view(torch.int32), want[name].view(torch.int32))
+
+
+def test_auto_turns_a_tensor_dense_once_its_union_passes_the_threshold() -> None:
+    spec = TensorSpec("w", (1000,))
+    buffer = UpdateBuffer({"w": spec}, capacity=3, dense_above=0.05)
+
+    def update(positions: list[int]) -> dict[str, SparseTensor]:
+        idx = torch.tensor(positions, dtype=torch.int64)
+        return {"w": SparseTensor(spec, idx, torch.ones(len(positions)))}
+
+    buffer.add(update(list(range(0, 30))), 1.0)
+    assert buffer.union_density("w") == pytest.approx(0.03)
+    buffer.add(update(list(range(10, 40))), 1.0)  # 60 positions cached, union 40: still sparse
+    assert buffer.union_density("w") == pytest.approx(0.04)
+    buffer.add(update(list(range(40, 51))), 1.0)  # union 51 > 50: dense
+    assert buffer.union_density("w") == 1.0
+    result = buffer.take()
+    assert buffer.last_kinds == {"w": "dense"}
+    assert float(result.update["w"].sum()) == pytest.approx((30 + 30 + 11) / 3)
+    # The next aggregation starts sparse again and stays so below the threshold.
+    for _ in range(3):
+        buffer.add(update([1, 2]), 1.0)
+    buffer.take()
+    assert buffer.last_kinds == {"w": "sparse"}
+
+
+def test_low_rank_and_dense_updates_make_their_tensor_dense() -> None:
+    spec = TensorSpec("w", (12, 6))
+    gen = torch.Generator().manual_seed(5)
+    buffer = UpdateBuffer({"w": spec}, capacity=2, accumulator="sparse")
+    buffer.add({"w": SparseTensor(spec, torch.tensor([3]), torch.tensor([1.0]))}, 1.0)
+    buffer.add({"w": LowRankTensor(spec, torch.randn(12, 1, generator=gen), torch.ones(6, 1))}, 1.0)
+    buffer.take()
+    assert buffer.last_kinds == {"w": "dense"}
+    buffer.add({"w": torch.ones(12, 6)}, 1.0)
+    assert buffer.union_density("w") == 1.0
+
+
+def test_bad_accumulator_arguments() -> None:
+    with pytest.raises(ValueError, match="accumulator"):
+        UpdateBuffer(SPECS, capacity=1, accumulator="coo")  # type: ignore[arg-type]
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="dense_above"):
+            UpdateBuffer(SPECS, capacity=1, dense_above=bad)

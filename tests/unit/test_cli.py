@@ -27,7 +27,7 @@ def test_the_help_lists_every_shipped_scenario_and_fleet() -> None:
     assert sorted(shipped("fleets")) == fleets
     for name in scenarios + fleets:
         assert f"  {name}: " in result.output, name
-    for command in ("run", "compare", "deploy"):
+    for command in ("run", "compare", "deploy", "analyze"):
         assert command in result.output
 
 

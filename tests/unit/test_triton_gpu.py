@@ -97,3 +97,35 @@ print("ok")
 """
     out = _run(["-c", code])
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_sparse_and_dense_accumulators_on_cuda_match_the_cpu() -> None:
+    """The buffer's sparse sums (unique, searchsorted, the Triton scatter on compact
+    slots) and its dense slots give the CPU's bits on a CUDA device, at a union density
+    below and above the switch."""
+    code = """
+import torch
+from fedsync.aggregation.buffer import UpdateBuffer
+from fedsync.updates import SparseTensor, TensorSpec
+spec = TensorSpec("w", (1_000_003,), "float32")
+gen = torch.Generator().manual_seed(7)
+for keep in (300, 60_000):
+    updates = []
+    for _ in range(3):
+        idx = torch.randperm(spec.numel, generator=gen)[:keep].sort().values
+        updates.append({"w": SparseTensor(spec, idx, torch.randn(keep, generator=gen))})
+    want = None
+    for device in ("cpu", "cuda"):
+        for kind in ("dense", "sparse", "auto"):
+            buffer = UpdateBuffer({"w": spec}, capacity=3, device=device, accumulator=kind)
+            for weight, update in zip((0.25, 0.5, 1.0), updates):
+                moved = {"w": SparseTensor(spec, update["w"].indices.to(device),
+                                           update["w"].values.to(device))}
+                buffer.add(moved, weight)
+            got = buffer.take().update["w"].cpu().view(torch.int32)
+            want = got if want is None else want
+            assert torch.equal(got, want), (keep, device, kind)
+print("ok")
+"""
+    out = _run(["-c", code])
+    assert out.returncode == 0, out.stdout + out.stderr
