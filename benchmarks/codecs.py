@@ -38,6 +38,14 @@ number of calls), ``torch.topk`` at 1 % and the stream, with time, bytes and the
 relative error of what the receiver gets; and the bytes per update of PowerSGD on a
 real LeNet-5 update from Fashion-MNIST (``--data-dir``).
 
+``--dct`` runs DeMo's DCT stage instead (``results/codecs-dct.json``): at 10M values
+and densities 0.1 and 0.01, ``dct:k,chunk=64`` (DeMo's chunk), ``dct`` at the chunk
+where ``k`` per chunk is the density exactly, and ``dct ... +demo:0.999`` (encoding
+updates the decoupled momentum), all with ``uniform:8``, next to ``torch.topk``, top-k,
+DGC and the stream in the same interleaved repetitions; encode and decode (the DCT's
+inverse makes its output dense, timed next to top-k's decode + densify), bytes, and the
+relative error of what the receiver gets.
+
 Two clocks (``--clock wall|cpu|both``, default both): ``wall`` is wall time with the
 default threads, what a user sees on an idle machine; ``cpu`` is the calling
 thread's CPU time with numba and torch on one thread each, a per-core cost that a

@@ -17,8 +17,8 @@ from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.deploy import LocalSuperLink
 from fedsync.reports import read_events
-from fedsync.wire import decode_frame
 from fedsync.task import model_for, model_state
+from fedsync.wire import decode_frame
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
