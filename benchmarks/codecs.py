@@ -38,6 +38,14 @@ number of calls), ``torch.topk`` at 1 % and the stream, with time, bytes and the
 relative error of what the receiver gets; and the bytes per update of PowerSGD on a
 real LeNet-5 update from Fashion-MNIST (``--data-dir``).
 
+``--dct`` runs DeMo's DCT stage instead (``results/codecs-dct.json``): at 10M values
+and densities 0.1 and 0.01, ``dct:k,chunk=64`` (DeMo's chunk), ``dct`` at the chunk
+where ``k`` per chunk is the density exactly, and ``dct ... +demo:0.999`` (encoding
+updates the decoupled momentum), all with ``uniform:8``, next to ``torch.topk``, top-k,
+DGC and the stream in the same interleaved repetitions; encode and decode (the DCT's
+inverse makes its output dense, timed next to top-k's decode + densify), bytes, and the
+relative error of what the receiver gets.
+
 Two clocks (``--clock wall|cpu|both``, default both): ``wall`` is wall time with the
 default threads, what a user sees on an idle machine; ``cpu`` is the calling
 thread's CPU time with numba and torch on one thread each, a per-core cost that a
@@ -75,7 +83,7 @@ from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
 from fedsync.progress import track
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
-from fedsync.wire import encode_frame, index_bits_for
+from fedsync.wire import decode_frame, encode_frame, index_bits_for
 from fedsync.wire.index_coding import choose_index_coding, decode_indices, encode_indices
 from kernels.dispatch import TorchBackend, registered_backends
 
@@ -394,6 +402,167 @@ def bench_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]
         "index_bits": index_bits(n, density),
         "index_section_cost": index_section_cost(n, density, max(3, case_reps // 2), warmup),
     }
+
+
+# --------------------------------------------------------------------------------------
+# DCT (--dct): DeMo's DCT top-k stage and its decoupled-momentum memory
+# --------------------------------------------------------------------------------------
+
+DCT_RESULTS = Path(__file__).parent / "results" / "codecs-dct.json"
+DCT_DENSITIES = (0.1, 0.01)
+"""Densities the DCT rows run at unless ``--densities`` says otherwise."""
+
+
+def dct_specs(density: float) -> dict[str, str]:
+    """Row name -> spec of the DCT rows at ``density``: DeMo's chunk of 64 with
+    ``k = round(64 density)`` (at least 1: 1 of 64 is 1.6 % at 1 %), and the chunk
+    where the density is exact (100, or ``1 / density`` below 1 %), with and without
+    the decoupled momentum."""
+    specs = {}
+    for chunk in (64, max(100, round(1 / density))):
+        k = max(1, round(density * chunk))
+        specs[f"dct:{k},chunk={chunk}+uniform8"] = f"dct:{k},chunk={chunk}+uniform:8"
+    k = max(1, round(density * 64))
+    specs[f"dct:{k},chunk=64+uniform8+demo"] = f"dct:{k},chunk=64+uniform:8+demo:0.999"
+    return specs
+
+
+def bench_dct_case(n: int, density: float, reps: int, warmup: int) -> dict[str, Any]:
+    """The DCT stage next to ``torch.topk``, top-k, DGC and the stream on one array.
+
+    Every method encodes the same standard-normal array (:data:`INPUT`) and decodes
+    its own frame, interleaved within each repetition. Decoding a DCT frame applies the
+    inverse transform, so its output is dense: it is timed next to the top-k frame's
+    decode + densify. ``rel_error`` is ``|decoded - x| / |x|`` of the first frame (a
+    fresh memory for ``+demo``: its first frame is the plain stage's). White noise has
+    no structure a DCT could concentrate, so its error is top-k's at the same density;
+    the rows measure cost and bytes, not the transform's gain on smooth signals.
+    """
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    if INPUT == "laplace":
+        x = torch.sign(x) * torch.empty(n).exponential_(generator=g)
+    array = x.numpy()
+    update = {"w": x}
+    k = target_count(n, density)
+    specs = {
+        "topk+uniform8": f"topk:{density}+uniform:8",
+        "dgc+uniform8": f"dgc:{density}+uniform:8",
+        **dct_specs(density),
+    }
+    codecs = {name: UpdateCodec(spec) for name, spec in specs.items()}
+    payloads = {name: UpdateCodec(spec).encode(update, seed=0) for name, spec in specs.items()}
+    payloads["torch.topk+uniform8"] = torch_topk_compress(x, k, f"topk:{density}+uniform:8")
+    decoder = UpdateCodec()
+
+    def densify(payload: bytes) -> Callable[[], torch.Tensor]:
+        return lambda: decoder.decode(payload)["w"].to_dense()
+
+    methods_fn: dict[str, Callable[[], Any]] = {
+        "stream(torch.sum)": lambda: float(x.sum()),
+        "stream(numpy.sum)": lambda: float(array.sum()),
+        "torch.topk+uniform8": lambda: torch_topk_compress(x, k, f"topk:{density}+uniform:8"),
+    }
+    for name, codec in codecs.items():
+        methods_fn[name] = _encoder(codec, update)
+    for name in ("torch.topk+uniform8", *specs):
+        methods_fn[f"decode:{name}"] = densify(payloads[name])
+    seconds, best = timed(methods_fn, reps, warmup)
+
+    def gbps(s: float) -> float:
+        return 4 * n / s / 1e9
+
+    stream = {"torch.sum": gbps(seconds["stream(torch.sum)"])}
+    stream["numpy.sum"] = gbps(seconds["stream(numpy.sum)"])
+    norm = float(torch.linalg.vector_norm(x))
+    methods = {}
+    for name in ("torch.topk+uniform8", *specs):
+        decoded = decoder.decode(payloads[name])["w"].to_dense().reshape(-1)
+        methods[name] = {
+            "spec": specs.get(name, f"topk:{density}+uniform:8 (torch.topk selection)"),
+            "compress_ms": 1e3 * seconds[name],
+            "compress_ms_min": 1e3 * best[name],
+            "compress_gbps": gbps(seconds[name]),
+            "x_torch_topk": seconds["torch.topk+uniform8"] / seconds[name],
+            "of_stream_torch_sum": gbps(seconds[name]) / stream["torch.sum"],
+            "of_stream_numpy_sum": gbps(seconds[name]) / stream["numpy.sum"],
+            "decode_densify_ms": 1e3 * seconds[f"decode:{name}"],
+            "decode_densify_ms_min": 1e3 * best[f"decode:{name}"],
+            "payload_bytes": len(payloads[name]),
+            "payload_of_dense": len(payloads[name]) / (4 * n),
+            "bits_per_kept_value": 8 * len(payloads[name]) / max(1, _kept(payloads[name])),
+            "kept": _kept(payloads[name]),
+            "rel_error": float(torch.linalg.vector_norm(decoded - x)) / norm,
+        }
+    return {
+        "numel": n,
+        "density": density,
+        "k": k,
+        "dense_bytes": 4 * n,
+        "reps": reps,
+        "stream_gbps": {
+            **stream,
+            "best_of_reps": {
+                "torch.sum": gbps(best["stream(torch.sum)"]),
+                "numpy.sum": gbps(best["stream(numpy.sum)"]),
+            },
+        },
+        "methods": methods,
+    }
+
+
+def _kept(payload: bytes) -> int:
+    """Values the frame carries (coefficients for a DCT frame, entries for top-k)."""
+    _, tensors = decode_frame(payload)
+    return sum(len(t.values.codes) for t in tensors)
+
+
+def run_dct(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
+    """The DCT rows at every size and density under one clock (as in :func:`run`)."""
+    global CLOCK
+    threads = numba.get_num_threads(), torch.get_num_threads()
+    if clock == "cpu":
+        numba.set_num_threads(1)
+        torch.set_num_threads(1)
+        CLOCK = time.thread_time
+    try:
+        info = machine()
+        info["clock"] = clock
+        info["cache"] = CACHE
+        info["input"] = INPUT
+        cases = []
+        for n in sizes:
+            for density in DENSITIES:
+                cases.append(bench_dct_case(n, density, reps, warmup))
+                print(f"done: dct {clock} {n} @ {density}", file=sys.stderr)
+        info["load_average_end"] = os.getloadavg()
+    finally:
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+        CLOCK = time.perf_counter
+    return {"machine": info, "cases": cases}
+
+
+def print_dct(report: dict[str, Any]) -> None:
+    for clock, run_ in report["runs"].items():
+        print(f"== clock: {clock} ==")
+        for case in run_["cases"]:
+            s = case["stream_gbps"]
+            print(
+                f"== {case['numel']} @ {case['density']}: stream torch.sum "
+                f"{s['torch.sum']:.1f} GB/s, numpy.sum {s['numpy.sum']:.1f} GB/s =="
+            )
+            print(
+                f"{'method':<32} {'enc ms':>8} {'min':>8} {'x topk':>7} {'%stream':>7} "
+                f"{'dec ms':>8} {'bytes':>9} {'of dense':>8} {'rel err':>7}"
+            )
+            for name, r in case["methods"].items():
+                print(
+                    f"{name:<32} {r['compress_ms']:>8.1f} {r['compress_ms_min']:>8.1f} "
+                    f"{r['x_torch_topk']:>7.2f} {100 * r['of_stream_torch_sum']:>6.1f}% "
+                    f"{r['decode_densify_ms']:>8.1f} {r['payload_bytes']:>9} "
+                    f"{r['payload_of_dense']:>8.4f} {r['rel_error']:>7.4f}"
+                )
 
 
 # --------------------------------------------------------------------------------------
@@ -848,6 +1017,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the low-rank rows (PowerSGD, torch's hook math, torch.topk; wall clock)",
     )
+    parser.add_argument(
+        "--dct",
+        action="store_true",
+        help="only the DCT rows (DeMo's dct stage, +demo, next to torch.topk, top-k, DGC, "
+        "the stream) at 10M values, to results/codecs-dct.json",
+    )
     parser.add_argument("--data-dir", default=None, help="folder holding fashion-mnist/")
     parser.add_argument("--sizes", default="", help="comma-separated array sizes to run")
     parser.add_argument(
@@ -876,6 +1051,23 @@ def main(argv: list[str] | None = None) -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(lowrank, indent=2) + "\n")
             print(f"wrote {target}", file=sys.stderr)
+        return 0
+
+    if args.dct:
+        dct_sizes = [int(v) for v in args.sizes.split(",")] if args.sizes else [TARGET_N]
+        if args.quick and not args.sizes:
+            dct_sizes = [100_000]
+        if not args.densities:
+            DENSITIES = DCT_DENSITIES
+        dct: dict[str, Any] = {"benchmark": "codecs --dct", "note": args.note, "runs": {}}
+        for clock in clocks:
+            dct["runs"][clock] = run_dct(clock, dct_sizes, args.reps or (3 if args.quick else 5), 1)
+        print_dct(dct)
+        path = args.out if args.out is not None else (None if args.quick else DCT_RESULTS)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(dct, indent=2) + "\n")
+            print(f"wrote {path}", file=sys.stderr)
         return 0
 
     if args.index_cost:

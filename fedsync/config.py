@@ -217,6 +217,11 @@ class AsyncSection(Section):
     server_optimizer: str = key("sgd", "sgd / momentum (FedAvgM) / adam (FedAdam)")
     server_learning_rate: float = key(1.0, "server learning rate eta")
     server_momentum: float = key(0.9, "FedAvgM momentum beta")
+    server_update_transform: str = key(
+        "none",
+        "applied to the aggregated update before the server optimizer: none / sign (DeMo's "
+        "sign-of-update: every moved coordinate steps by server-learning-rate)",
+    )
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -233,6 +238,7 @@ class AsyncSection(Section):
                 self.server_optimizer,
                 learning_rate=self.server_learning_rate,
                 momentum=self.server_momentum,
+                transform=self.server_update_transform,
             )
         except ValueError as err:
             raise SettingsError(str(err)) from err

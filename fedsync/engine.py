@@ -178,6 +178,7 @@ class AggregationEngine:
             settings.server_optimizer,
             learning_rate=settings.server_learning_rate,
             momentum=settings.server_momentum,
+            transform=settings.server_update_transform,
         )
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)

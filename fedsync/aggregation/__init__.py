@@ -30,12 +30,18 @@ from fedsync.aggregation.staleness import (
     StalenessFunction,
     parse_staleness,
 )
+from fedsync.aggregation.update_transform import (
+    UPDATE_TRANSFORMS,
+    UpdateTransform,
+    resolve_update_transform,
+)
 from fedsync.aggregation.validation import InvalidUpdate, validate_update
 
 __all__ = [
     "DEFAULT_UPLINK_TEMPLATE",
     "SERVER_OPTIMIZERS",
     "STALENESS_FUNCTIONS",
+    "UPDATE_TRANSFORMS",
     "BufferFull",
     "BufferNotReady",
     "BufferedAggregate",
@@ -54,7 +60,9 @@ __all__ = [
     "StalenessFunction",
     "TaskScheduler",
     "UpdateBuffer",
+    "UpdateTransform",
     "build_server_optimizer",
     "parse_staleness",
+    "resolve_update_transform",
     "validate_update",
 ]

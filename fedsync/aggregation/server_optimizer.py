@@ -10,6 +10,10 @@ minus start model) -- the negative of the pseudo-gradient. The server then steps
   ``v = β2 v + (1-β2) Δ²``; ``x += η m / (sqrt(v) + τ)``; the paper has no bias
   correction, and it is off by default here too.
 
+Before the step, each tensor of ``Δ`` passes through the optimizer's update transform
+(:mod:`fedsync.aggregation.update_transform`; ``none`` by default, ``sign`` for DeMo's
+sign-of-update): the optimizer steps with ``Δ' = transform(Δ)`` in place of ``Δ``.
+
 All step the model in place and keep their state in float32 tensors beside it;
 :meth:`ServerOptimizer.state_dict` / :meth:`ServerOptimizer.load_state_dict` carry that
 state through a checkpoint so a restarted run continues the same trajectory.
@@ -23,6 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from fedsync.aggregation.update_transform import resolve_update_transform
 
 __all__ = [
     "SERVER_OPTIMIZERS",
@@ -52,13 +58,19 @@ class ServerOptimizer(ABC):
     learning_rate : float
         The server learning rate ``η`` (``1.0`` with ``sgd`` applies the mean update
         as is), finite and ``> 0``.
+    transform : str
+        The update transform applied to each tensor of ``Δ`` before the step
+        (:data:`~fedsync.aggregation.update_transform.UPDATE_TRANSFORMS`: ``none``,
+        ``sign``).
     """
 
     kind: str = ""
 
-    def __init__(self, *, learning_rate: float = 1.0) -> None:
+    def __init__(self, *, learning_rate: float = 1.0, transform: str = "none") -> None:
         _check_finite_positive("server learning rate", learning_rate)
         self.learning_rate = float(learning_rate)
+        self.transform = transform.strip().lower()
+        self._transform = resolve_update_transform(self.transform)
         self.steps = 0
 
     @torch.no_grad()
@@ -91,7 +103,7 @@ class ServerOptimizer(ABC):
                 raise ValueError(f"tensor {name!r}: server optimizers need float tensors")
         self.steps += 1
         for name, param in params.items():
-            delta = update[name].to(param.device, torch.float32)
+            delta = self._transform(update[name].to(param.device, torch.float32))
             direction = self._direction(name, delta)
             param.add_(direction.to(param.dtype), alpha=self.learning_rate)
 
@@ -143,7 +155,10 @@ class ServerOptimizer(ABC):
         return {}
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(learning_rate={self.learning_rate})"
+        return (
+            f"{type(self).__name__}(learning_rate={self.learning_rate}, "
+            f"transform={self.transform!r})"
+        )
 
 
 class ServerSGD(ServerOptimizer):
@@ -166,14 +181,21 @@ class ServerMomentum(ServerOptimizer):
         ``β``, in ``[0, 1)``.
     nesterov : bool
         Use the Nesterov look-ahead step.
+    transform : str
+        The update transform (see :class:`ServerOptimizer`).
     """
 
     kind = "momentum"
 
     def __init__(
-        self, *, learning_rate: float = 1.0, momentum: float = 0.9, nesterov: bool = False
+        self,
+        *,
+        learning_rate: float = 1.0,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        transform: str = "none",
     ) -> None:
-        super().__init__(learning_rate=learning_rate)
+        super().__init__(learning_rate=learning_rate, transform=transform)
         _check_unit_interval("server momentum", momentum)
         self.momentum = float(momentum)
         self.nesterov = nesterov
@@ -208,6 +230,8 @@ class ServerAdam(ServerOptimizer):
     bias_correction : bool
         Scale ``η`` by ``sqrt(1 - β2^t) / (1 - β1^t)`` as Adam does (the FedAdam paper
         does not).
+    transform : str
+        The update transform (see :class:`ServerOptimizer`).
     """
 
     kind = "adam"
@@ -220,8 +244,9 @@ class ServerAdam(ServerOptimizer):
         beta2: float = 0.99,
         tau: float = 1e-3,
         bias_correction: bool = False,
+        transform: str = "none",
     ) -> None:
-        super().__init__(learning_rate=learning_rate)
+        super().__init__(learning_rate=learning_rate, transform=transform)
         _check_unit_interval("server beta1", beta1)
         _check_unit_interval("server beta2", beta2)
         _check_finite_positive("server tau", tau)
@@ -269,13 +294,16 @@ def build_server_optimizer(
     beta1: float = 0.9,
     beta2: float = 0.99,
     tau: float = 1e-3,
+    transform: str = "none",
 ) -> ServerOptimizer:
     """Build a server optimizer by name, passing each only the arguments it takes.
+
+    Every kind takes ``transform``, the update transform applied to ``Δ`` before the step.
 
     Raises
     ------
     ValueError
-        If the name is unknown or a hyper-parameter is out of range.
+        If the name or the transform is unknown or a hyper-parameter is out of range.
     """
     cls = SERVER_OPTIMIZERS.get(name.strip().lower())
     if cls is None:
@@ -283,7 +311,9 @@ def build_server_optimizer(
             f"unknown server optimizer {name!r}; known: {', '.join(sorted(SERVER_OPTIMIZERS))}"
         )
     if cls is ServerMomentum:
-        return ServerMomentum(learning_rate=learning_rate, momentum=momentum)
+        return ServerMomentum(learning_rate=learning_rate, momentum=momentum, transform=transform)
     if cls is ServerAdam:
-        return ServerAdam(learning_rate=learning_rate, beta1=beta1, beta2=beta2, tau=tau)
-    return ServerSGD(learning_rate=learning_rate)
+        return ServerAdam(
+            learning_rate=learning_rate, beta1=beta1, beta2=beta2, tau=tau, transform=transform
+        )
+    return ServerSGD(learning_rate=learning_rate, transform=transform)

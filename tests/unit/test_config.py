@@ -68,3 +68,8 @@ def test_the_defaults_read_back_as_the_default_config() -> None:
 def test_a_value_of_the_wrong_type_names_its_key() -> None:
     with pytest.raises(SettingsError, match="'local-epochs' must be int"):
         RunConfig.from_run_config({"local-epochs": "three"})
+
+
+def test_an_unknown_server_update_transform_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError, match="unknown server update transform 'median'"):
+        RunConfig.from_run_config({"server-update-transform": "median"})

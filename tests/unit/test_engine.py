@@ -135,3 +135,24 @@ def test_fedasync_mix_is_the_papers_model_mixing() -> None:
         torch.testing.assert_close(engine.state[name], (1 - a) * x[name] + a * local)
     # the delta form of FedAsync would have added a * 4 = 1.0 instead of pulling back
     assert float(engine.state["w"][0, 0]) == pytest.approx(0.75 * 1.0 + 0.25 * 4.0)
+
+
+def test_sign_transform_steps_the_sign_of_the_mean() -> None:
+    engine = engine_for(
+        strategy="fedbuff",
+        staleness="constant",
+        server_update_transform="sign",
+        server_learning_rate=0.01,
+    )
+    first, second = engine.plan_task(1, 1), engine.plan_task(2, 2)
+    engine.arrived(first, 1)
+    engine.arrived(second, 1)
+    up = ones(1.0)
+    up["w"][0, 0], up["b"][1] = -5.0, -1.0  # w[0, 0]: mean -1.5; b[1]: mean 0
+    engine.receive(first, reply(first, up), 10)
+    assert engine.receive(second, reply(second, ones(1.0)), 10).status == "aggregated"
+    expected_w = torch.full((6, 4), 0.01)
+    expected_w[0, 0] = -0.01
+    torch.testing.assert_close(engine.state["w"], expected_w)
+    torch.testing.assert_close(engine.state["b"], torch.tensor([0.01, 0.0, 0.01, 0.01]))
+    assert "transform='sign'" in engine.describe()["server_optimizer"]

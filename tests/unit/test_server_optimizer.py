@@ -139,3 +139,38 @@ def test_aliases() -> None:
     assert isinstance(build_server_optimizer("fedavgm"), ServerMomentum)
     assert isinstance(build_server_optimizer("FedAdam"), ServerAdam)
     assert isinstance(build_server_optimizer("plain"), ServerSGD)
+
+
+# --- the update transform (DeMo's sign-of-update) ---------------------------------------------
+D3 = {"w": torch.tensor([0.2, 0.0]), "b": torch.tensor([-1e-6])}
+
+
+def test_sign_transform_moves_every_moved_coordinate_by_the_learning_rate() -> None:
+    x = params()
+    ServerSGD(learning_rate=0.01, transform="sign").step(x, D3)
+    # sign(0.2) = 1, sign(0) = 0 (no device moved it: it stays), sign(-1e-6) = -1
+    torch.testing.assert_close(x["w"], torch.tensor([1.01, -2.0]))
+    torch.testing.assert_close(x["b"], torch.tensor([0.49]))
+
+
+def test_sign_transform_comes_before_the_momentum() -> None:
+    x = params()
+    opt = build_server_optimizer("momentum", learning_rate=0.5, momentum=0.9, transform="sign")
+    opt.step(x, D1)  # v = sign(d1) = w: [1, 1], b: [-1]
+    opt.step(x, D2)  # v = 0.9 v + sign(d2) = w: [0.9 - 1, 0.9 + 0], b: [-0.9 + 1]
+    torch.testing.assert_close(x["w"], torch.tensor([1.0 + 0.5 - 0.05, -2.0 + 0.5 + 0.45]))
+    torch.testing.assert_close(x["b"], torch.tensor([0.5 - 0.5 + 0.05]))
+
+
+def test_none_transform_is_the_plain_step() -> None:
+    plain, explicit = params(), params()
+    ServerAdam(learning_rate=0.1).step(plain, D1)
+    ServerAdam(learning_rate=0.1, transform=" None ").step(explicit, D1)
+    for k in plain:
+        assert torch.equal(plain[k], explicit[k])
+    assert "transform='none'" in repr(build_server_optimizer("adam"))
+
+
+def test_unknown_transform_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown server update transform 'median'; known: none"):
+        build_server_optimizer("sgd", transform="median")
