@@ -3,15 +3,17 @@
 :func:`write_reports` writes them from a :class:`~simulations.results.Comparison`:
 the JSON document (:meth:`~simulations.results.Comparison.as_dict`), a markdown table
 with one row per strategy (and the staleness of the asynchronous runs' updates),
-accuracy against simulated time and against cumulative uplink bytes
+accuracy against simulated time and against cumulative total bytes, uplink plus downlink
 (``comparison.png``), and the binned staleness histogram (``staleness.png``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,12 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI, SSH
 import matplotlib.pyplot as plt
 
-from simulations.results import STALENESS_BINS, Comparison, staleness_bins
+from simulations.results import STALENESS_BINS, Comparison, load_comparison, staleness_bins
+from simulations.scenario import ScenarioError
 
 __all__ = [
     "fmt",
+    "main",
     "mb",
     "plot_comparison",
     "plot_staleness",
@@ -56,9 +60,10 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
         ]
     lines += [
         "| strategy | status | final acc | best acc | sim s to target | MB up to target "
-        "| MB down to target | time ratio | uplink ratio | rounds / aggregations "
-        "| sim s total | MB up total | wall s | elapsed s | mean staleness | drops | errors |",
-        "|" + " --- |" * 17,
+        "| MB down to target | MB total to target | time ratio | uplink ratio "
+        "| total-bytes ratio | rounds / aggregations | sim s total | MB up total "
+        "| MB down total | wall s | elapsed s | mean staleness | drops | errors |",
+        "|" + " --- |" * 20,
     ]
     for row in comparison.rows:
         hit = row["target"]
@@ -76,11 +81,14 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
                     fmt(hit["sim_time"], ".1f") if hit["reached"] else "not reached",
                     mb(hit["bytes_up"]) if hit["reached"] else "-",
                     mb(hit["bytes_down"]) if hit["reached"] else "-",
+                    mb(hit.get("bytes_total")) if hit["reached"] else "-",
                     fmt(ratios["time_to_target"], ".3f"),
                     fmt(ratios["uplink_bytes_to_target"], ".4f"),
+                    fmt(ratios.get("total_bytes_to_target"), ".4f"),
                     fmt(row["aggregations"], "d"),
                     fmt(row["sim_time"], ".1f"),
                     mb(row["total_bytes_up"]),
+                    mb(row["total_bytes_down"]),
                     fmt(row["wall_seconds"], ".1f"),
                     fmt(row["elapsed_seconds"], ".1f"),
                     fmt(row["mean_staleness"], ".2f"),
@@ -97,8 +105,17 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
 
 def short_table(comparison: Comparison) -> str:
     """The few numbers a first look needs, one line per strategy: accuracy, simulated
-    time and MB up and down to the target (plain text, for the terminal)."""
-    head = ("strategy", "final acc", "sim s to target", "MB up", "MB down", "x baseline time")
+    time and MB up, down and in total to the target (plain text, for the terminal)."""
+    head = (
+        "strategy",
+        "final acc",
+        "sim s to target",
+        "MB up",
+        "MB down",
+        "MB total",
+        "x baseline time",
+        "x baseline bytes",
+    )
     rows = [head]
     for row in comparison.rows:
         hit = row["target"]
@@ -110,7 +127,9 @@ def short_table(comparison: Comparison) -> str:
                 fmt(hit["sim_time"], ".1f") if reached else "not reached",
                 mb(hit["bytes_up"]) if reached else "-",
                 mb(hit["bytes_down"]) if reached else "-",
+                mb(hit.get("bytes_total")) if reached else "-",
                 fmt(row["ratios_vs_baseline"]["time_to_target"], ".3f"),
+                fmt(row["ratios_vs_baseline"].get("total_bytes_to_target"), ".4f"),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -118,7 +137,7 @@ def short_table(comparison: Comparison) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
     target = fmt(comparison.target, ".4f")
-    return "\n".join([f"target accuracy {target} (MB up/down: to the target)", *lines])
+    return "\n".join([f"target accuracy {target} (MB up/down/total: to the target)", *lines])
 
 
 def _bin_name(lo: int, hi: int | None) -> str:
@@ -181,8 +200,8 @@ def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
 
 
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
-    """``comparison.png``: accuracy vs simulated time and vs cumulative uplink bytes
-    (both axes logarithmic)."""
+    """``comparison.png``: accuracy vs simulated time and vs cumulative total bytes,
+    uplink plus downlink (both axes logarithmic)."""
     fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
     for result in comparison.results:
         if not result.series:
@@ -198,7 +217,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
             markersize=2.5,
             label=label,
         )
-        sent = [(p.bytes_up, p.accuracy) for p in result.series if p.bytes_up > 0]
+        sent = [(p.bytes_total, p.accuracy) for p in result.series if p.bytes_total > 0]
         by_bytes.plot(
             [b for b, _ in sent],
             [a for _, a in sent],
@@ -209,7 +228,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
         )
     for ax, xlabel in (
         (by_time, "simulated time (s, log)"),
-        (by_bytes, "cumulative uplink bytes (log)"),
+        (by_bytes, "cumulative bytes, uplink + downlink (log)"),
     ):
         if comparison.target is not None:
             ax.axhline(
@@ -225,11 +244,33 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
     by_time.set_xscale("log")
     by_bytes.set_xscale("log")
     by_time.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and uplink bytes")
+    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and total bytes")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m simulations.report DIR``: write the reports of the comparison in
+    ``DIR/comparison.json`` again, with today's tables and figures; returns the exit
+    status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.report",
+        description="Rewrite comparison.md/.png and staleness.png from a comparison.json.",
+    )
+    parser.add_argument("folder", help="folder holding comparison.json (written into)")
+    out = Path(parser.parse_args(argv).folder)
+    try:
+        document = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
+        comparison = load_comparison(document)
+    except (OSError, json.JSONDecodeError, ScenarioError, KeyError, TypeError, ValueError) as err:
+        print(f"error: {out / 'comparison.json'}: {err}", file=sys.stderr)
+        return 2
+    for path in write_reports(comparison, out):
+        print(f"[report] wrote {path}")
+    print(f"\n{short_table(comparison)}")
+    return 0
 
 
 def write_reports(comparison: Comparison, out: Path) -> list[Path]:
@@ -274,3 +315,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Iterable):
         return list(value)
     return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

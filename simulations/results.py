@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsync.reports import RunSummary, read_events
-from simulations.scenario import Scenario
+from simulations.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
     "COMPLETED",
@@ -28,6 +28,7 @@ __all__ = [
     "build_comparison",
     "evaluation_entries",
     "first_reaching",
+    "load_comparison",
     "ratio",
     "read_series",
     "staleness_bins",
@@ -56,6 +57,11 @@ class EvalPoint:
             bytes_down=int(entry.get("cumulative_bytes_down", 0)),
             accuracy=float(entry.get("accuracy", math.nan)),
         )
+
+    @property
+    def bytes_total(self) -> int:
+        """Cumulative bytes both ways (uplink + downlink)."""
+        return self.bytes_up + self.bytes_down
 
     def as_list(self) -> list[float | int]:
         """``[sim_time, bytes_up, bytes_down, accuracy]`` (compact, for the JSON)."""
@@ -205,6 +211,7 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     "sim_time": hit.sim_time if hit else None,
                     "bytes_up": hit.bytes_up if hit else None,
                     "bytes_down": hit.bytes_down if hit else None,
+                    "bytes_total": hit.bytes_total if hit else None,
                 },
                 "ratios_vs_baseline": {
                     "time_to_target": ratio(
@@ -215,6 +222,9 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     ),
                     "downlink_bytes_to_target": ratio(
                         hit.bytes_down if hit else None, base.bytes_down if base else None
+                    ),
+                    "total_bytes_to_target": ratio(
+                        hit.bytes_total if hit else None, base.bytes_total if base else None
                     ),
                 },
                 "sim_time": summary.get("sim_time"),
@@ -234,6 +244,65 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
             }
         )
     return Comparison(scenario, target, rows, list(results))
+
+
+_SUMMARY_KEYS = (
+    "final_accuracy",
+    "best_accuracy",
+    "sim_time",
+    "total_bytes_up",
+    "total_bytes_down",
+    "wall_seconds",
+    "staleness_histogram",
+    "mean_staleness",
+    "drops",
+    "errors",
+    "stop_reason",
+    "aggregations",
+)
+
+
+def load_comparison(document: Mapping[str, Any]) -> Comparison:
+    """The comparison a ``comparison.json`` document was written from, rebuilt.
+
+    Every row keeps the summary fields the comparison reads and the run's evaluation
+    series, so :func:`build_comparison` draws the same target and rows from them (with
+    whatever it computes today): the reports of a finished comparison can be written
+    again without running anything. The scenario is loaded by name and cut to the rows'
+    labels at the document's scale.
+
+    Raises
+    ------
+    ScenarioError
+        If the document has no strategies, or its scenario or a label is unknown.
+    """
+    rows = document.get("strategies")
+    if not isinstance(rows, list) or not rows:
+        raise ScenarioError("comparison document has no strategies")
+    scenario = load_scenario(str(document.get("scenario", "")))
+    scenario = scenario.only(str(row["label"]) for row in rows)
+    scenario = scenario.scaled(float(document.get("scale", 1.0)))
+    results = []
+    for row in rows:
+        summary = {key: row[key] for key in _SUMMARY_KEYS if row.get(key) is not None}
+        if row.get("run_target") is not None:
+            summary["target"] = row["run_target"]
+        series = [
+            EvalPoint(float(t), int(up), int(down), float(acc))
+            for t, up, down, acc in row.get("evaluations", [])
+        ]
+        results.append(
+            RunResult(
+                str(row["label"]),
+                str(row["strategy"]),
+                str(row["status"]),
+                float(row.get("elapsed_seconds") or 0.0),
+                summary=summary if row.get("completed") else {},
+                series=series,
+                details=str(row.get("details", "")),
+            )
+        )
+    return build_comparison(scenario, results)
 
 
 def _final_accuracy(result: RunResult) -> float | None:
