@@ -32,7 +32,7 @@ from fedsync.clock import load_fleet
 from fedsync.clock.profiles import DeviceProfile
 from fedsync.reports import read_events
 
-__all__ = ["DeviceLoad", "device_loads", "main", "summarize"]
+__all__ = ["DeviceLoad", "bytes_by_kind", "device_loads", "main", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -142,17 +142,48 @@ def summarize(loads: Sequence[DeviceLoad]) -> dict[str, Any]:
     }
 
 
+def bytes_by_kind(events_path: Path, until: float = math.inf) -> dict[str, Any]:
+    """Where a run's bytes went up to simulated time ``until``: tasks dispatched and
+    bytes sent down per downlink kind (``full``: a whole model; ``delta``), the devices
+    that got at least one task, and the bytes of the updates that arrived."""
+    down: dict[str, dict[str, int]] = {}
+    devices: set[int] = set()
+    for task in read_events(events_path, "dispatch"):
+        if float(task["sim_time"]) > until:
+            continue
+        kind = down.setdefault(str(task.get("downlink_kind", "full")), {"tasks": 0, "bytes": 0})
+        kind["tasks"] += 1
+        kind["bytes"] += int(task["bytes_down"])
+        devices.add(int(task["device"]))
+    arrivals = [a for a in read_events(events_path, "arrival") if float(a["sim_time"]) <= until]
+    return {
+        "until_sim_time": until,
+        "downlink": down,
+        "devices_reached": len(devices),
+        "updates": len(arrivals),
+        "uplink_bytes": sum(int(a["bytes_up"]) for a in arrivals),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.linkbound EVENTS [--json OUT]``; returns the exit status."""
+    """``python -m simulations.linkbound EVENTS [--json OUT] [--until T]``; returns the
+    exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m simulations.linkbound",
         description="Upload time against compute time per task, from an asynchronous run.",
     )
     parser.add_argument("events", help="an asynchronous run's events.jsonl")
     parser.add_argument("--json", help="write the summary here")
+    parser.add_argument(
+        "--until",
+        type=float,
+        default=math.inf,
+        help="also count the bytes each way up to this simulated time (the time to target)",
+    )
     args = parser.parse_args(argv)
     try:
         summary = summarize(device_loads(Path(args.events)))
+        summary["bytes_by_kind"] = bytes_by_kind(Path(args.events), args.until)
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -172,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  {name}: {group['devices']} devices, compute {group['median_compute_s']:.2f} s, "
             f"upload {group['median_upload_s']:.2f} s, ratio {group['median_ratio']:.2f}x"
         )
+    spent = summary["bytes_by_kind"]
+    print(
+        f"to simulated time {spent['until_sim_time']}: {spent['updates']} updates, "
+        f"{spent['uplink_bytes']} B up; {spent['devices_reached']} devices reached; down: "
+        + ", ".join(f"{k} {v['tasks']} tasks {v['bytes']} B" for k, v in spent["downlink"].items())
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -22,8 +22,16 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI, SSH
 import matplotlib.pyplot as plt
 
-from simulations.results import STALENESS_BINS, Comparison, load_comparison, staleness_bins
-from simulations.scenario import ScenarioError
+from simulations.results import (
+    STALENESS_BINS,
+    Comparison,
+    RunResult,
+    build_comparison,
+    read_run,
+    runs_of,
+    staleness_bins,
+)
+from simulations.scenario import ScenarioError, load_scenario
 
 __all__ = [
     "fmt",
@@ -252,25 +260,70 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.report DIR``: write the reports of the comparison in
-    ``DIR/comparison.json`` again, with today's tables and figures; returns the exit
-    status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m simulations.report",
-        description="Rewrite comparison.md/.png and staleness.png from a comparison.json.",
-    )
-    parser.add_argument("folder", help="folder holding comparison.json (written into)")
-    out = Path(parser.parse_args(argv).folder)
+    """``python -m simulations.report OUT [--add DOC ...] [--runs DIR --scenario NAME
+    --scale F]``: write the reports of a comparison again, with today's tables and
+    figures; returns the exit status.
+
+    The runs are those of ``OUT/comparison.json`` (when there is one), of every ``--add``
+    document (the same scenario at the same scale, other labels: runs of one scenario
+    split across runners), and, for the scenario's other labels, the run folders under
+    ``--runs`` (a runner's ``results/``; see :func:`simulations.results.read_run`).
+    """
+    args = _report_parser().parse_args(argv)
+    out = Path(args.out)
     try:
-        document = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
-        comparison = load_comparison(document)
+        comparison = _gather(out, args)
     except (OSError, json.JSONDecodeError, ScenarioError, KeyError, TypeError, ValueError) as err:
-        print(f"error: {out / 'comparison.json'}: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     for path in write_reports(comparison, out):
         print(f"[report] wrote {path}")
     print(f"\n{short_table(comparison)}")
     return 0
+
+
+def _report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.report",
+        description="Rewrite comparison.json/.md/.png and staleness.png of a comparison.",
+    )
+    parser.add_argument("out", help="folder of comparison.json (read when present, written)")
+    parser.add_argument(
+        "--add", action="append", default=[], help="another comparison.json of the same scenario"
+    )
+    parser.add_argument("--runs", help="a runner's results/ folder: one folder per label")
+    parser.add_argument("--scenario", help="scenario name (default: the documents')")
+    parser.add_argument("--scale", type=float, help="run-length scale (default: the documents')")
+    return parser
+
+
+def _gather(out: Path, args: argparse.Namespace) -> Comparison:
+    documents = [out / "comparison.json"] if (out / "comparison.json").is_file() else []
+    documents += [Path(path) for path in args.add]
+    name, scale = args.scenario, args.scale
+    results: dict[str, RunResult] = {}
+    for path in documents:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        name = name or document.get("scenario")
+        scale = scale if scale is not None else float(document.get("scale", 1.0))
+        if document.get("scenario") != name or float(document.get("scale", 1.0)) != scale:
+            raise ValueError(f"{path}: not scenario {name!r} at scale {scale:g}")
+        for result in runs_of(document):
+            if result.label in results:
+                raise ValueError(f"{path}: {result.label!r} is in two documents")
+            results[result.label] = result
+    if not name:
+        raise ValueError("no comparison.json and no --scenario: nothing to report")
+    scenario = load_scenario(name)
+    if args.runs:
+        for spec in scenario.strategies:
+            folder = Path(args.runs) / spec.label
+            if spec.label not in results and folder.is_dir():
+                results[spec.label] = read_run(folder, spec.label, spec.strategy)
+    if not results:
+        raise ValueError(f"no runs of scenario {name!r} found")
+    scenario = scenario.only(results).scaled(1.0 if scale is None else scale)
+    return build_comparison(scenario, [results[label] for label in scenario.labels])
 
 
 def write_reports(comparison: Comparison, out: Path) -> list[Path]:

@@ -10,6 +10,7 @@ files, :mod:`simulations.compare` runs the strategies.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ __all__ = [
     "first_reaching",
     "load_comparison",
     "ratio",
+    "read_run",
     "read_series",
+    "runs_of",
     "staleness_bins",
 ]
 
@@ -246,6 +249,31 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
     return Comparison(scenario, target, rows, list(results))
 
 
+def read_run(folder: Path, label: str, strategy: str) -> RunResult:
+    """A run's result from its folder alone (``summary.json``, ``events.jsonl``), for a
+    comparison whose runner did not finish (stopped, or its runs split across runners).
+
+    The ServerApp writes ``summary.json`` when the run ends normally, so a summary with a
+    stop reason counts as completed; the runner's elapsed time (start-up included) is not
+    in the folder, and the run's own wall seconds stand in for it.
+    """
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    if not isinstance(summary, dict):
+        summary = {}
+    done = bool(summary.get("stop_reason"))
+    return RunResult(
+        label,
+        strategy,
+        COMPLETED if done else "no-summary",
+        float(summary.get("wall_seconds") or 0.0),
+        summary=summary if done else {},
+        series=read_series(summary, folder / "events.jsonl"),
+    )
+
+
 _SUMMARY_KEYS = (
     "final_accuracy",
     "best_accuracy",
@@ -262,26 +290,20 @@ _SUMMARY_KEYS = (
 )
 
 
-def load_comparison(document: Mapping[str, Any]) -> Comparison:
-    """The comparison a ``comparison.json`` document was written from, rebuilt.
+def runs_of(document: Mapping[str, Any]) -> list[RunResult]:
+    """The runs a ``comparison.json`` document was drawn from, rebuilt from its rows.
 
     Every row keeps the summary fields the comparison reads and the run's evaluation
-    series, so :func:`build_comparison` draws the same target and rows from them (with
-    whatever it computes today): the reports of a finished comparison can be written
-    again without running anything. The scenario is loaded by name and cut to the rows'
-    labels at the document's scale.
+    series, so :func:`build_comparison` draws the same target and rows from them.
 
     Raises
     ------
     ScenarioError
-        If the document has no strategies, or its scenario or a label is unknown.
+        If the document has no strategies.
     """
     rows = document.get("strategies")
     if not isinstance(rows, list) or not rows:
         raise ScenarioError("comparison document has no strategies")
-    scenario = load_scenario(str(document.get("scenario", "")))
-    scenario = scenario.only(str(row["label"]) for row in rows)
-    scenario = scenario.scaled(float(document.get("scale", 1.0)))
     results = []
     for row in rows:
         summary = {key: row[key] for key in _SUMMARY_KEYS if row.get(key) is not None}
@@ -302,6 +324,24 @@ def load_comparison(document: Mapping[str, Any]) -> Comparison:
                 details=str(row.get("details", "")),
             )
         )
+    return results
+
+
+def load_comparison(document: Mapping[str, Any]) -> Comparison:
+    """The comparison a ``comparison.json`` document was written from, rebuilt (with
+    whatever :func:`build_comparison` computes today): the reports of a finished
+    comparison can be written again without running anything. The scenario is loaded by
+    name and cut to the rows' labels at the document's scale.
+
+    Raises
+    ------
+    ScenarioError
+        If the document has no strategies, or its scenario or a label is unknown.
+    """
+    results = runs_of(document)
+    scenario = load_scenario(str(document.get("scenario", "")))
+    scenario = scenario.only(r.label for r in results)
+    scenario = scenario.scaled(float(document.get("scale", 1.0)))
     return build_comparison(scenario, results)
 
 

@@ -153,3 +153,35 @@ def test_reports_are_rewritten_from_the_json_alone(tmp_path: Path) -> None:
     assert main([str(tmp_path)]) == 2
     with pytest.raises(ScenarioError, match="no strategies"):
         load_comparison({"scenario": "fmnist-ci", "strategies": []})
+
+
+def test_runs_split_across_runners_make_one_report(tmp_path: Path) -> None:
+    scenario = load_scenario("fmnist-ci").scaled(0.5)
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    write_reports(build_comparison(scenario.only(["fedavg"]), [fedavg]), tmp_path / "a")
+    write_reports(build_comparison(scenario.only(["teasq"]), [teasq]), tmp_path / "b")
+    # A third run only left its folder (its runner was stopped).
+    folder = tmp_path / "results" / "fedbuff"
+    folder.mkdir(parents=True)
+    entries = [
+        {"sim_time": 3.0, "cumulative_bytes_up": 10, "cumulative_bytes_down": 5, "accuracy": 0.95}
+    ]
+    summary = {"stop_reason": "max-aggregations", "final_accuracy": 0.95, "wall_seconds": 7.5}
+    (folder / "summary.json").write_text(json.dumps({**summary, "evaluations": entries}))
+    (tmp_path / "results" / "fedasync").mkdir()  # no summary: did not finish
+
+    argv = [str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]
+    assert main([*argv, "--runs", str(tmp_path / "results")]) == 0
+    merged = json.loads((tmp_path / "a" / "comparison.json").read_text())
+    assert [r["label"] for r in merged["strategies"]] == ["fedavg", "fedbuff", "fedasync", "teasq"]
+    assert merged["target_accuracy"] == pytest.approx(0.85)  # 0.85 x teasq's 1.0, from b
+    rows = {r["label"]: r for r in merged["strategies"]}
+    assert rows["teasq"]["ratios_vs_baseline"]["time_to_target"] == pytest.approx(0.1)
+    assert rows["fedbuff"]["completed"] and rows["fedbuff"]["elapsed_seconds"] == 7.5
+    assert rows["fedbuff"]["target"]["bytes_total"] == 15
+    assert not rows["fedasync"]["completed"] and merged["all_completed"] is False
+
+    # Another scale, or a label twice, is refused.
+    assert main([str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]) == 2
+    assert main([str(tmp_path / "c"), "--scenario", "fmnist-ci"]) == 2  # nothing found

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.clock import load_fleet
-from simulations.linkbound import device_loads, main, summarize
+from simulations.linkbound import bytes_by_kind, device_loads, main, summarize
 
 
 def _log(path: Path, arrivals: list[tuple[int, int, int]], **run_config: object) -> Path:
@@ -19,7 +19,7 @@ def _log(path: Path, arrivals: list[tuple[int, int, int]], **run_config: object)
         {"event": "run_start", "run_config": config},
         {"event": "async_start", "fleet": "iot-100", "profiles": ["fast", "mid", "slow"]},
     ] + [
-        {"event": "arrival", "device": d, "bytes_up": up, "num_examples": n}
+        {"event": "arrival", "device": d, "bytes_up": up, "num_examples": n, "sim_time": 1.0}
         for d, up, n in arrivals
     ]
     path.write_text("\n".join(json.dumps(e) for e in events) + "\n")
@@ -63,3 +63,49 @@ def test_a_log_that_is_not_an_asynchronous_run_is_refused(tmp_path: Path) -> Non
     assert main([str(log)]) == 2
     with pytest.raises(ValueError, match="no device"):
         summarize([])
+
+
+def test_bytes_are_split_by_downlink_kind_up_to_a_time(tmp_path: Path) -> None:
+    log = _log(tmp_path / "e.jsonl", [])
+    extra = [
+        {
+            "event": "dispatch",
+            "device": 0,
+            "downlink_kind": "full",
+            "bytes_down": 100,
+            "sim_time": 0,
+        },
+        {
+            "event": "dispatch",
+            "device": 1,
+            "downlink_kind": "full",
+            "bytes_down": 100,
+            "sim_time": 0,
+        },
+        {
+            "event": "dispatch",
+            "device": 0,
+            "downlink_kind": "delta",
+            "bytes_down": 10,
+            "sim_time": 5,
+        },
+        {
+            "event": "dispatch",
+            "device": 2,
+            "downlink_kind": "full",
+            "bytes_down": 100,
+            "sim_time": 9,
+        },
+        {"event": "arrival", "device": 0, "bytes_up": 7, "num_examples": 1, "sim_time": 4},
+        {"event": "arrival", "device": 1, "bytes_up": 7, "num_examples": 1, "sim_time": 8},
+    ]
+    with log.open("a") as file:
+        file.writelines(json.dumps(e) + "\n" for e in extra)
+    spent = bytes_by_kind(log, until=6.0)
+    assert spent["downlink"] == {
+        "full": {"tasks": 2, "bytes": 200},
+        "delta": {"tasks": 1, "bytes": 10},
+    }
+    assert spent["devices_reached"] == 2
+    assert (spent["updates"], spent["uplink_bytes"]) == (1, 7)
+    assert bytes_by_kind(log)["devices_reached"] == 3
