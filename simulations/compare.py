@@ -19,7 +19,7 @@ This module runs the strategies and is the command line; what the runs produced 
 the comparison drawn from them are :mod:`simulations.results`, the files written from
 it :mod:`simulations.report`. Written into ``--out``: ``comparison.json``,
 ``comparison.md``, ``comparison.png`` (accuracy against simulated time, and against
-cumulative uplink bytes) and, when a run was asynchronous, ``staleness.png``. The
+cumulative total bytes, up + down) and, when a run was asynchronous, ``staleness.png``. The
 SuperLink's folder (database, logs, every run's events and summary) goes to
 ``--run-dir``. The exit status is non-zero unless every run finished as
 ``finished:completed`` (``flwr run --stream`` itself exits 0 on failure; the status is

@@ -3,15 +3,17 @@
 :func:`write_reports` writes them from a :class:`~simulations.results.Comparison`:
 the JSON document (:meth:`~simulations.results.Comparison.as_dict`), a markdown table
 with one row per strategy (and the staleness of the asynchronous runs' updates),
-accuracy against simulated time and against cumulative uplink bytes
+accuracy against simulated time and against cumulative total bytes, uplink plus downlink
 (``comparison.png``), and the binned staleness histogram (``staleness.png``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,20 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI, SSH
 import matplotlib.pyplot as plt
 
-from simulations.results import STALENESS_BINS, Comparison, staleness_bins
+from simulations.results import (
+    STALENESS_BINS,
+    Comparison,
+    RunResult,
+    build_comparison,
+    read_run,
+    runs_of,
+    staleness_bins,
+)
+from simulations.scenario import ScenarioError, load_scenario
 
 __all__ = [
     "fmt",
+    "main",
     "mb",
     "plot_comparison",
     "plot_staleness",
@@ -56,9 +68,10 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
         ]
     lines += [
         "| strategy | status | final acc | best acc | sim s to target | MB up to target "
-        "| MB down to target | time ratio | uplink ratio | rounds / aggregations "
-        "| sim s total | MB up total | wall s | elapsed s | mean staleness | drops | errors |",
-        "|" + " --- |" * 17,
+        "| MB down to target | MB total to target | time ratio | uplink ratio "
+        "| total-bytes ratio | rounds / aggregations | sim s total | MB up total "
+        "| MB down total | wall s | elapsed s | mean staleness | drops | errors |",
+        "|" + " --- |" * 20,
     ]
     for row in comparison.rows:
         hit = row["target"]
@@ -76,11 +89,14 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
                     fmt(hit["sim_time"], ".1f") if hit["reached"] else "not reached",
                     mb(hit["bytes_up"]) if hit["reached"] else "-",
                     mb(hit["bytes_down"]) if hit["reached"] else "-",
+                    mb(hit.get("bytes_total")) if hit["reached"] else "-",
                     fmt(ratios["time_to_target"], ".3f"),
                     fmt(ratios["uplink_bytes_to_target"], ".4f"),
+                    fmt(ratios.get("total_bytes_to_target"), ".4f"),
                     fmt(row["aggregations"], "d"),
                     fmt(row["sim_time"], ".1f"),
                     mb(row["total_bytes_up"]),
+                    mb(row["total_bytes_down"]),
                     fmt(row["wall_seconds"], ".1f"),
                     fmt(row["elapsed_seconds"], ".1f"),
                     fmt(row["mean_staleness"], ".2f"),
@@ -97,8 +113,17 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
 
 def short_table(comparison: Comparison) -> str:
     """The few numbers a first look needs, one line per strategy: accuracy, simulated
-    time and MB up and down to the target (plain text, for the terminal)."""
-    head = ("strategy", "final acc", "sim s to target", "MB up", "MB down", "x baseline time")
+    time and MB up, down and in total to the target (plain text, for the terminal)."""
+    head = (
+        "strategy",
+        "final acc",
+        "sim s to target",
+        "MB up",
+        "MB down",
+        "MB total",
+        "x baseline time",
+        "x baseline bytes",
+    )
     rows = [head]
     for row in comparison.rows:
         hit = row["target"]
@@ -110,7 +135,9 @@ def short_table(comparison: Comparison) -> str:
                 fmt(hit["sim_time"], ".1f") if reached else "not reached",
                 mb(hit["bytes_up"]) if reached else "-",
                 mb(hit["bytes_down"]) if reached else "-",
+                mb(hit.get("bytes_total")) if reached else "-",
                 fmt(row["ratios_vs_baseline"]["time_to_target"], ".3f"),
+                fmt(row["ratios_vs_baseline"].get("total_bytes_to_target"), ".4f"),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -118,7 +145,7 @@ def short_table(comparison: Comparison) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
     target = fmt(comparison.target, ".4f")
-    return "\n".join([f"target accuracy {target} (MB up/down: to the target)", *lines])
+    return "\n".join([f"target accuracy {target} (MB up/down/total: to the target)", *lines])
 
 
 def _bin_name(lo: int, hi: int | None) -> str:
@@ -181,8 +208,8 @@ def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
 
 
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
-    """``comparison.png``: accuracy vs simulated time and vs cumulative uplink bytes
-    (both axes logarithmic)."""
+    """``comparison.png``: accuracy vs simulated time and vs cumulative total bytes,
+    uplink plus downlink (both axes logarithmic)."""
     fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
     for result in comparison.results:
         if not result.series:
@@ -198,7 +225,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
             markersize=2.5,
             label=label,
         )
-        sent = [(p.bytes_up, p.accuracy) for p in result.series if p.bytes_up > 0]
+        sent = [(p.bytes_total, p.accuracy) for p in result.series if p.bytes_total > 0]
         by_bytes.plot(
             [b for b, _ in sent],
             [a for _, a in sent],
@@ -209,7 +236,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
         )
     for ax, xlabel in (
         (by_time, "simulated time (s, log)"),
-        (by_bytes, "cumulative uplink bytes (log)"),
+        (by_bytes, "cumulative bytes, uplink + downlink (log)"),
     ):
         if comparison.target is not None:
             ax.axhline(
@@ -225,11 +252,78 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
     by_time.set_xscale("log")
     by_bytes.set_xscale("log")
     by_time.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and uplink bytes")
+    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and total bytes")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m simulations.report OUT [--add DOC ...] [--runs DIR --scenario NAME
+    --scale F]``: write the reports of a comparison again, with today's tables and
+    figures; returns the exit status.
+
+    The runs are those of ``OUT/comparison.json`` (when there is one), of every ``--add``
+    document (the same scenario at the same scale, other labels: runs of one scenario
+    split across runners), and, for the scenario's other labels, the run folders under
+    ``--runs`` (a runner's ``results/``; see :func:`simulations.results.read_run`).
+    """
+    args = _report_parser().parse_args(argv)
+    out = Path(args.out)
+    try:
+        comparison = _gather(out, args)
+    except (OSError, json.JSONDecodeError, ScenarioError, KeyError, TypeError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in write_reports(comparison, out):
+        print(f"[report] wrote {path}")
+    print(f"\n{short_table(comparison)}")
+    return 0
+
+
+def _report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulations.report",
+        description="Rewrite comparison.json/.md/.png and staleness.png of a comparison.",
+    )
+    parser.add_argument("out", help="folder of comparison.json (read when present, written)")
+    parser.add_argument(
+        "--add", action="append", default=[], help="another comparison.json of the same scenario"
+    )
+    parser.add_argument("--runs", help="a runner's results/ folder: one folder per label")
+    parser.add_argument("--scenario", help="scenario name (default: the documents')")
+    parser.add_argument("--scale", type=float, help="run-length scale (default: the documents')")
+    return parser
+
+
+def _gather(out: Path, args: argparse.Namespace) -> Comparison:
+    documents = [out / "comparison.json"] if (out / "comparison.json").is_file() else []
+    documents += [Path(path) for path in args.add]
+    name, scale = args.scenario, args.scale
+    results: dict[str, RunResult] = {}
+    for path in documents:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        name = name or document.get("scenario")
+        scale = scale if scale is not None else float(document.get("scale", 1.0))
+        if document.get("scenario") != name or float(document.get("scale", 1.0)) != scale:
+            raise ValueError(f"{path}: not scenario {name!r} at scale {scale:g}")
+        for result in runs_of(document):
+            if result.label in results:
+                raise ValueError(f"{path}: {result.label!r} is in two documents")
+            results[result.label] = result
+    if not name:
+        raise ValueError("no comparison.json and no --scenario: nothing to report")
+    scenario = load_scenario(name)
+    if args.runs:
+        for spec in scenario.strategies:
+            folder = Path(args.runs) / spec.label
+            if spec.label not in results and folder.is_dir():
+                results[spec.label] = read_run(folder, spec.label, spec.strategy)
+    if not results:
+        raise ValueError(f"no runs of scenario {name!r} found")
+    scenario = scenario.only(results).scaled(1.0 if scale is None else scale)
+    return build_comparison(scenario, [results[label] for label in scenario.labels])
 
 
 def write_reports(comparison: Comparison, out: Path) -> list[Path]:
@@ -274,3 +368,7 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Iterable):
         return list(value)
     return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

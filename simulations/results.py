@@ -10,6 +10,7 @@ files, :mod:`simulations.compare` runs the strategies.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsync.reports import RunSummary, read_events
-from simulations.scenario import Scenario
+from simulations.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
     "COMPLETED",
@@ -28,8 +29,11 @@ __all__ = [
     "build_comparison",
     "evaluation_entries",
     "first_reaching",
+    "load_comparison",
     "ratio",
+    "read_run",
     "read_series",
+    "runs_of",
     "staleness_bins",
 ]
 
@@ -56,6 +60,11 @@ class EvalPoint:
             bytes_down=int(entry.get("cumulative_bytes_down", 0)),
             accuracy=float(entry.get("accuracy", math.nan)),
         )
+
+    @property
+    def bytes_total(self) -> int:
+        """Cumulative bytes both ways (uplink + downlink)."""
+        return self.bytes_up + self.bytes_down
 
     def as_list(self) -> list[float | int]:
         """``[sim_time, bytes_up, bytes_down, accuracy]`` (compact, for the JSON)."""
@@ -205,6 +214,7 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     "sim_time": hit.sim_time if hit else None,
                     "bytes_up": hit.bytes_up if hit else None,
                     "bytes_down": hit.bytes_down if hit else None,
+                    "bytes_total": hit.bytes_total if hit else None,
                 },
                 "ratios_vs_baseline": {
                     "time_to_target": ratio(
@@ -215,6 +225,9 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     ),
                     "downlink_bytes_to_target": ratio(
                         hit.bytes_down if hit else None, base.bytes_down if base else None
+                    ),
+                    "total_bytes_to_target": ratio(
+                        hit.bytes_total if hit else None, base.bytes_total if base else None
                     ),
                 },
                 "sim_time": summary.get("sim_time"),
@@ -234,6 +247,102 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
             }
         )
     return Comparison(scenario, target, rows, list(results))
+
+
+def read_run(folder: Path, label: str, strategy: str) -> RunResult:
+    """A run's result from its folder alone (``summary.json``, ``events.jsonl``), for a
+    comparison whose runner did not finish (stopped, or its runs split across runners).
+
+    The ServerApp writes ``summary.json`` when the run ends normally, so a summary with a
+    stop reason counts as completed; the runner's elapsed time (start-up included) is not
+    in the folder, and the run's own wall seconds stand in for it.
+    """
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        summary = {}
+    if not isinstance(summary, dict):
+        summary = {}
+    done = bool(summary.get("stop_reason"))
+    return RunResult(
+        label,
+        strategy,
+        COMPLETED if done else "no-summary",
+        float(summary.get("wall_seconds") or 0.0),
+        summary=summary if done else {},
+        series=read_series(summary, folder / "events.jsonl"),
+    )
+
+
+_SUMMARY_KEYS = (
+    "final_accuracy",
+    "best_accuracy",
+    "sim_time",
+    "total_bytes_up",
+    "total_bytes_down",
+    "wall_seconds",
+    "staleness_histogram",
+    "mean_staleness",
+    "drops",
+    "errors",
+    "stop_reason",
+    "aggregations",
+)
+
+
+def runs_of(document: Mapping[str, Any]) -> list[RunResult]:
+    """The runs a ``comparison.json`` document was drawn from, rebuilt from its rows.
+
+    Every row keeps the summary fields the comparison reads and the run's evaluation
+    series, so :func:`build_comparison` draws the same target and rows from them.
+
+    Raises
+    ------
+    ScenarioError
+        If the document has no strategies.
+    """
+    rows = document.get("strategies")
+    if not isinstance(rows, list) or not rows:
+        raise ScenarioError("comparison document has no strategies")
+    results = []
+    for row in rows:
+        summary = {key: row[key] for key in _SUMMARY_KEYS if row.get(key) is not None}
+        if row.get("run_target") is not None:
+            summary["target"] = row["run_target"]
+        series = [
+            EvalPoint(float(t), int(up), int(down), float(acc))
+            for t, up, down, acc in row.get("evaluations", [])
+        ]
+        results.append(
+            RunResult(
+                str(row["label"]),
+                str(row["strategy"]),
+                str(row["status"]),
+                float(row.get("elapsed_seconds") or 0.0),
+                summary=summary if row.get("completed") else {},
+                series=series,
+                details=str(row.get("details", "")),
+            )
+        )
+    return results
+
+
+def load_comparison(document: Mapping[str, Any]) -> Comparison:
+    """The comparison a ``comparison.json`` document was written from, rebuilt (with
+    whatever :func:`build_comparison` computes today): the reports of a finished
+    comparison can be written again without running anything. The scenario is loaded by
+    name and cut to the rows' labels at the document's scale.
+
+    Raises
+    ------
+    ScenarioError
+        If the document has no strategies, or its scenario or a label is unknown.
+    """
+    results = runs_of(document)
+    scenario = load_scenario(str(document.get("scenario", "")))
+    scenario = scenario.only(r.label for r in results)
+    scenario = scenario.scaled(float(document.get("scale", 1.0)))
+    return build_comparison(scenario, results)
 
 
 def _final_accuracy(result: RunResult) -> float | None:

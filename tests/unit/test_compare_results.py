@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from simulations.report import write_reports
+from simulations.report import main, write_reports
 from simulations.results import (
     EvalPoint,
     RunResult,
     build_comparison,
     first_reaching,
+    load_comparison,
     ratio,
     read_series,
     staleness_bins,
 )
-from simulations.scenario import Scenario, parse_scenario
+from simulations.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 
 def _series(*points: tuple[float, int, float]) -> list[EvalPoint]:
@@ -113,3 +115,73 @@ def test_a_failed_or_missing_run_gives_no_ratio_and_no_completion() -> None:
     assert row["target"]["reached"]
     assert row["ratios_vs_baseline"]["time_to_target"] is None
     assert comparison.row("fedavg")["target"]["reached"] is False
+
+
+def test_total_bytes_to_the_target_count_both_ways(tmp_path: Path) -> None:
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    comparison = build_comparison(_toy(), [fedavg, teasq])
+    # _series sends twice the uplink bytes down: 2000 + 4000 and 100 + 200 to 0.9.
+    assert comparison.row("fedavg")["target"]["bytes_total"] == 6000
+    assert comparison.row("teasq")["target"]["bytes_total"] == 300
+    ratios = comparison.row("teasq")["ratios_vs_baseline"]
+    assert ratios["total_bytes_to_target"] == pytest.approx(0.05)
+    write_reports(comparison, tmp_path)
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| MB total to target |" in table
+    assert "| 0.200 | 0.0500 | 0.0500 |" in table  # time, uplink and total-bytes ratios
+
+
+def test_reports_are_rewritten_from_the_json_alone(tmp_path: Path) -> None:
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    teasq.summary.update(staleness_histogram={"0": 1, "2": 3}, mean_staleness=1.5, sim_time=4.0)
+    failed = _result("fedbuff", "fedbuff", [], status="finished:failed")
+    scenario = load_scenario("fmnist-ci").only(["fedavg", "fedbuff", "teasq"]).scaled(0.5)
+    written = build_comparison(scenario, [fedavg, failed, teasq])
+    write_reports(written, tmp_path)
+    document = json.loads((tmp_path / "comparison.json").read_text())
+
+    rebuilt = load_comparison(document)
+    assert rebuilt.as_dict() == json.loads(json.dumps(written.as_dict()))
+    assert main([str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "comparison.json").read_text()) == document
+    assert not rebuilt.all_completed and rebuilt.scenario.scale == 0.5
+
+    document["scenario"] = "no-such-scenario"
+    (tmp_path / "comparison.json").write_text(json.dumps(document))
+    assert main([str(tmp_path)]) == 2
+    with pytest.raises(ScenarioError, match="no strategies"):
+        load_comparison({"scenario": "fmnist-ci", "strategies": []})
+
+
+def test_runs_split_across_runners_make_one_report(tmp_path: Path) -> None:
+    scenario = load_scenario("fmnist-ci").scaled(0.5)
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    write_reports(build_comparison(scenario.only(["fedavg"]), [fedavg]), tmp_path / "a")
+    write_reports(build_comparison(scenario.only(["teasq"]), [teasq]), tmp_path / "b")
+    # A third run only left its folder (its runner was stopped).
+    folder = tmp_path / "results" / "fedbuff"
+    folder.mkdir(parents=True)
+    entries = [
+        {"sim_time": 3.0, "cumulative_bytes_up": 10, "cumulative_bytes_down": 5, "accuracy": 0.95}
+    ]
+    summary = {"stop_reason": "max-aggregations", "final_accuracy": 0.95, "wall_seconds": 7.5}
+    (folder / "summary.json").write_text(json.dumps({**summary, "evaluations": entries}))
+    (tmp_path / "results" / "fedasync").mkdir()  # no summary: did not finish
+
+    argv = [str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]
+    assert main([*argv, "--runs", str(tmp_path / "results")]) == 0
+    merged = json.loads((tmp_path / "a" / "comparison.json").read_text())
+    assert [r["label"] for r in merged["strategies"]] == ["fedavg", "fedbuff", "fedasync", "teasq"]
+    assert merged["target_accuracy"] == pytest.approx(0.85)  # 0.85 x teasq's 1.0, from b
+    rows = {r["label"]: r for r in merged["strategies"]}
+    assert rows["teasq"]["ratios_vs_baseline"]["time_to_target"] == pytest.approx(0.1)
+    assert rows["fedbuff"]["completed"] and rows["fedbuff"]["elapsed_seconds"] == 7.5
+    assert rows["fedbuff"]["target"]["bytes_total"] == 15
+    assert not rows["fedasync"]["completed"] and merged["all_completed"] is False
+
+    # Another scale, or a label twice, is refused.
+    assert main([str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]) == 2
+    assert main([str(tmp_path / "c"), "--scenario", "fmnist-ci"]) == 2  # nothing found
