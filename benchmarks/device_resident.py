@@ -257,7 +257,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="INPUTS", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", help="a tree with the code before the change")
-    parser.add_argument("--data-dir", default=None, help="where fashion-mnist lives")
+    parser.add_argument("--data-dir", default="../shared/data", help="where the datasets live")
     parser.add_argument("--updates", type=int, default=4, help="LeNet-5 updates to cycle")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
