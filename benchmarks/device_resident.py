@@ -23,7 +23,9 @@ CUDA device, ``cuda`` rows run the update on the GPU (Triton when installed).
 ``encode`` is :meth:`UpdateCodec.encode` (compress, error feedback, frame);
 ``decode`` is :meth:`UpdateCodec.decode` of that frame to a sparse update on the
 update's device. Times are medians over ``--reps`` calls after ``--warmup`` calls,
-with min and max.
+with min and max, on two clocks: wall time and the calling thread's CPU time (torch
+and numba on one thread, so that is the call's whole cost; on a shared machine it
+moves far less than wall time). The plot shows the CPU clock.
 """
 
 from __future__ import annotations
@@ -83,17 +85,19 @@ def worker(inputs: Path) -> None:
         codec = codecs[key]
         if device == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         payload = codec.encode(update)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         decoded = codec.decode(payload, device=device)
         if device == "cuda":
             torch.cuda.synchronize()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         assert sorted(decoded) == sorted(update)
         out = {
             "encode_s": t1 - t0,
             "decode_s": t2 - t1,
+            "encode_cpu_s": c1 - c0,
+            "decode_cpu_s": c2 - c1,
             "bytes": len(payload),
             "sha256": hashlib.sha256(payload).hexdigest(),
         }
@@ -121,7 +125,9 @@ class Worker:
     """A worker process for one tree."""
 
     def __init__(self, tree: Path, inputs: Path) -> None:
-        env = dict(os.environ, PYTHONPATH=str(tree))
+        # One thread each (torch, numba): the calling thread's CPU time is then the
+        # whole cost of a call, which a loaded machine barely moves.
+        env = dict(os.environ, PYTHONPATH=str(tree), NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
         self.tree = tree
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", str(inputs)],
@@ -191,19 +197,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     }
                     for name, runs in samples.items():
                         row[name] = {
-                            "encode": _summary([r["encode_s"] for r in runs]),
-                            "decode": _summary([r["decode_s"] for r in runs]),
+                            f"{op}{clock}": _summary([r[f"{op}{clock}_s"] for r in runs])
+                            for op in ("encode", "decode")
+                            for clock in ("", "_cpu")
                         }
-                    for op in ("encode", "decode"):
+                    for op in ("encode", "decode", "encode_cpu", "decode_cpu"):
                         row[f"{op}_after_over_before"] = (
                             row["after"][op]["median_ms"] / row["before"][op]["median_ms"]
                         )
                     print(
-                        f"{case:8s} {spec:24s} {backend:6s} encode "
-                        f"{row['before']['encode']['median_ms']:8.1f} -> "
-                        f"{row['after']['encode']['median_ms']:8.1f} ms, decode "
-                        f"{row['before']['decode']['median_ms']:7.1f} -> "
-                        f"{row['after']['decode']['median_ms']:7.1f} ms, same bytes {all(same)}",
+                        f"{case:8s} {spec:24s} {backend:6s} cpu ms: encode "
+                        f"{row['before']['encode_cpu']['median_ms']:8.1f} -> "
+                        f"{row['after']['encode_cpu']['median_ms']:8.1f}, decode "
+                        f"{row['before']['decode_cpu']['median_ms']:7.1f} -> "
+                        f"{row['after']['decode_cpu']['median_ms']:7.1f}; same bytes {all(same)}",
                         flush=True,
                     )
                     rows.append(row)
@@ -222,7 +229,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "note": (
             "shared, loaded 2-core machine: medians with min/max; before and after "
-            "interleaved call by call"
+            "interleaved call by call; '<op>' is wall time, '<op>_cpu' the calling "
+            "thread's CPU time (torch and numba on one thread)"
         ),
         "rows": rows,
     }
@@ -235,8 +243,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, op in zip(axes, ("encode", "decode"), strict=True):
+    fig, axes = plt.subplots(1, 2, figsize=(14, 6))
+    for ax, op in zip(axes, ("encode_cpu", "decode_cpu"), strict=True):
         labels = [f"{r['case']}\n{r['spec']}\n{r['backend']}" for r in rows]
         x = range(len(rows))
         for shift, name in ((-0.2, "before"), (0.2, "after")):
@@ -244,10 +252,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
             lo = [m - r[name][op]["min_ms"] for m, r in zip(med, rows, strict=True)]
             hi = [r[name][op]["max_ms"] - m for m, r in zip(med, rows, strict=True)]
             ax.bar([i + shift for i in x], med, 0.4, yerr=[lo, hi], label=name, capsize=3)
-        ax.set_xticks(list(x), labels, fontsize=7)
+        ax.set_xticks(list(x), labels, fontsize=7, rotation=30, ha="right")
         ax.set_yscale("log")
         ax.set_ylabel("ms (median, min-max)")
-        ax.set_title(f"{op}, one thread")
+        ax.set_title(f"{op.removesuffix('_cpu')}: thread CPU time, one thread")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
