@@ -43,6 +43,7 @@ from fedsync.codec import UpdateCodec, specs_of
 from fedsync.data.registry import load_dataset
 from fedsync.models import build_model, train
 from fedsync.progress import track
+from fedsync.updates import host_array
 from fedsync.wire import decode_frame, index_bits_for, inspect_frame
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -129,7 +130,7 @@ def index_row(update: dict[str, torch.Tensor], density: float) -> dict[str, Any]
     for tensor in tensors:
         assert tensor.indices is not None
         n = tensor.spec.numel
-        bits = index_bits_for(tensor.indices, n, shape=tensor.spec.shape)
+        bits = index_bits_for(host_array(tensor.indices), n, shape=tensor.spec.shape)
         for coding, value in bits.items():
             if coding != "dense":
                 totals[coding] = totals.get(coding, 0) + value

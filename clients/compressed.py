@@ -34,6 +34,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 
 from clients.faults import FaultInjector
+from clients.live_state import LIVE, keeps_live_state
 from clients.runtime import ClientRuntime, LocalTraining
 from clients.state_store import CodecStateStore
 from fedsync import protocol
@@ -139,9 +140,16 @@ def _encode_uplink(
         runtime.node_config, job=task.job, partition_id=runtime.partition_id
     )
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
-    _load_codec_state(codec, context, store, specs)
+    # On an accelerator the residual stays there between tasks (clients.live_state);
+    # the saved copy below is still written every task.
+    live = keeps_live_state(runtime.device)
+    key = (context.run_id, context.node_id, runtime.partition_id, task.job)
+    if not (live and LIVE.take(key, context, codec)):
+        _load_codec_state(codec, context, store, specs)
     uplink = codec.encode(delta)
     _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
+    if live:
+        LIVE.keep(key, context, codec)
     return _maybe_corrupt(uplink, delta, task, context, runtime)
 
 

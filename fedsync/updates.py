@@ -24,6 +24,28 @@ from typing import Literal
 import numpy as np
 import torch
 
+Array = np.ndarray | torch.Tensor
+"""Codes, params and positions on the sender's side: numpy arrays on the host, or
+torch tensors on the device the update lives on until the frame is written (the wire
+encoder then brings them to the host in one copy, see :mod:`fedsync.wire.staging`).
+A received frame always holds numpy arrays."""
+
+
+def host_array(array: Array) -> np.ndarray:
+    """``array`` as a numpy array (copied off a device; zero-copy on the host)."""
+    if isinstance(array, torch.Tensor):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
+def device_tensor(
+    array: Array, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``array`` as a torch tensor on ``device`` (no copy when it already is one there)."""
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+    return tensor.to(device=device, dtype=dtype)
+
+
 IndexMode = Literal["explicit", "dense", "mask", "lowrank"]
 """How positions travel: ``explicit`` indices, ``dense`` (every position, in order,
 no indices), ``mask`` (the positions of a mask both sides already share), or
@@ -92,18 +114,20 @@ class QuantizedValues:
         ``"uniform"``, ``"qsgd"``, ``"sign"``, ``"ternary"``).
     bits : int
         Width of one code on the wire, 1 to 32.
-    codes : numpy.ndarray
+    codes : numpy.ndarray or torch.Tensor
         One unsigned integer code per kept value (any unsigned dtype wide enough for
-        ``bits``); for float schemes, the raw bit pattern of each value.
-    params : dict of str to numpy.ndarray
+        ``bits``; a device tensor may hold them in the signed dtype of the same width,
+        read as unsigned); for float schemes, the raw bit pattern of each value.
+        A sender whose kernels run on a device keeps them there (see :data:`Array`).
+    params : dict of str to numpy.ndarray or torch.Tensor
         Float32 side information (per-chunk scales, the norm, ...), by name. The wire
         format stores each array's length and raw bytes.
     """
 
     scheme: str
     bits: int
-    codes: np.ndarray
-    params: dict[str, np.ndarray] = field(default_factory=dict)
+    codes: Array
+    params: dict[str, Array] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
@@ -119,15 +143,16 @@ class CompressedTensor:
         The dense tensor this came from.
     index_mode : {"explicit", "dense", "mask", "lowrank"}
         How positions travel (see :data:`IndexMode`).
-    indices : numpy.ndarray or None
+    indices : numpy.ndarray or torch.Tensor or None
         Sorted, unique flat positions (int64) for ``explicit``; ``None`` otherwise.
+        A device tensor on a sender whose kernels run on a device.
     values : QuantizedValues
         One code per kept position.
     """
 
     spec: TensorSpec
     index_mode: IndexMode
-    indices: np.ndarray | None
+    indices: Array | None
     values: QuantizedValues
 
 

@@ -14,20 +14,30 @@ and is installed with ``register_backend("cuda", TritonBackend())``; nothing abo
 this module changes. Every backend must return exactly what :class:`TorchBackend`
 returns (same positions, same codes), which the unit tests check on CPU by running
 both; that is what makes the same spec produce the same bytes on every device.
+
+Where results live: a backend whose ``host`` is true (numba) hands back numpy arrays,
+which on the CPU are the tensors' own memory; every other backend leaves positions,
+uniform codes and their params as tensors on the input's device, and packs codes there
+(``pack_bits``), so a sender's update crosses to the host once, as the frame's bytes.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from kernels import bitpack as _bitpack
 from kernels import ordered_sums as _ordered
 from kernels import quantize as _quantize
 from kernels import select as _select
+
+Array = np.ndarray | torch.Tensor
+"""A host array or a device tensor (see the module docstring)."""
 
 __all__ = [
     "KernelBackend",
@@ -63,6 +73,8 @@ class KernelBackend(Protocol):
     """What a device's kernels provide; inputs are 1-d contiguous float32 tensors."""
 
     name: str
+    host: bool
+    """Whether results come back as numpy arrays (else: tensors on the input's device)."""
 
     def threshold_select(
         self, x: torch.Tensor, threshold: float, limit: int | None = None
@@ -89,19 +101,25 @@ class KernelBackend(Protocol):
 
     def uniform_quantize(
         self, values: torch.Tensor, bits: int, chunk: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per-chunk uniform codes (uint8), minima and scales (float32), on the host."""
+    ) -> tuple[Array, Array, Array]:
+        """Per-chunk uniform codes (uint8), minima and scales (float32): numpy arrays
+        for a ``host`` backend, tensors on the values' device otherwise."""
         ...
 
     def uniform_dequantize(
         self,
-        codes: np.ndarray,
-        mins: np.ndarray,
-        scales: np.ndarray,
+        codes: Array,
+        mins: Array,
+        scales: Array,
         chunk: int,
         device: torch.device,
     ) -> torch.Tensor:
         """``code * scale + min`` per chunk, float32 on ``device``."""
+        ...
+
+    def pack_bits(self, codes: torch.Tensor, width: int) -> torch.Tensor:
+        """The bytes of :func:`kernels.bitpack.pack_bits` as a uint8 tensor on the codes'
+        device (integer codes of any dtype, read as unsigned)."""
         ...
 
     def moments(self, x: torch.Tensor) -> tuple[float, float]:
@@ -111,17 +129,18 @@ class KernelBackend(Protocol):
 
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """QSGD codes and per-chunk norms on the host; Philox uniforms from ``seed``
-        (the arithmetic of :func:`kernels.quantize.qsgd_quantize`)."""
+    ) -> tuple[Array, Array]:
+        """QSGD codes and per-chunk norms; Philox uniforms from ``seed`` (the
+        arithmetic of :func:`kernels.quantize.qsgd_quantize`). A backend with no device
+        kernel for them computes them on the host."""
         ...
 
-    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
-        """TernGrad codes on the host and the scale ``max |v|``."""
+    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[Array, np.float32]:
+        """TernGrad codes and the scale ``max |v|`` (a host scalar)."""
         ...
 
-    def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
-        """Sign codes on the host and the fixed-order mean magnitude."""
+    def sign_quantize(self, values: torch.Tensor) -> tuple[Array, np.float32]:
+        """Sign codes and the fixed-order mean magnitude (a host scalar)."""
         ...
 
 
@@ -149,10 +168,72 @@ def _host_copy(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().contiguous().numpy()
 
 
+def _tensor(a: Array, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``a`` as a ``dtype`` tensor on ``device`` (no copy when it already is one)."""
+    t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device=device, dtype=dtype)
+
+
+_ALIGNED = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
+_UNSIGNED_MASK = {torch.int8: 0xFF, torch.int16: 0xFFFF, torch.int32: 0xFFFFFFFF}
+_PACK_BLOCK = 1 << 18
+"""Values per step of the torch packer (a multiple of 8: each step fills whole bytes);
+bounds its bit-expanded temporaries to a few MB per bit of width."""
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` (flattened, row-major) as a 1-d uint8 tensor, on its device.
+
+    A copy only when ``t`` is not densely laid out (an empty or one-element tensor may
+    carry stride 0, which a byte view refuses).
+    """
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
+    if flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
+
+
+def torch_pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`kernels.bitpack.pack_bits` in torch ops, on the codes' device.
+
+    Whole-byte widths are the codes' little-endian bytes; other widths expand each
+    value into its bits and gather every eight into a byte.
+    """
+    if not 1 <= width <= _bitpack.MAX_WIDTH:
+        raise ValueError(f"bit width must be in 1..{_bitpack.MAX_WIDTH}, got {width}")
+    codes = codes.reshape(-1)
+    aligned = _ALIGNED.get(width)
+    if aligned is not None and sys.byteorder == "little":
+        # Two's-complement narrowing keeps the low bits: the stream's bytes.
+        return byte_view(codes.to(aligned))
+    n = codes.numel()
+    out = torch.empty(_bitpack.packed_nbytes(n, width), dtype=torch.uint8, device=codes.device)
+    wide = codes.to(torch.int64)
+    mask = _UNSIGNED_MASK.get(codes.dtype)
+    if mask is not None:
+        wide &= mask
+    wide &= (1 << width) - 1
+    shifts = torch.arange(width, device=codes.device)
+    weights = torch.tensor([1 << b for b in range(8)], dtype=torch.uint8, device=codes.device)
+    for lo in range(0, n, _PACK_BLOCK):
+        block = wide[lo : lo + _PACK_BLOCK]
+        bits = ((block[:, None] >> shifts) & 1).to(torch.uint8).reshape(-1)
+        pad = -bits.numel() % 8  # only the last block: the stream's final byte
+        if pad:
+            bits = torch.cat([bits, bits.new_zeros(pad)])
+        start = lo * width // 8
+        packed = (bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
+        out[start : start + packed.numel()] = packed
+    return out
+
+
 class TorchBackend:
     """Plain torch ops: correct on every device, the reference for other backends."""
 
     name = "torch"
+    host = False
 
     def threshold_select(
         self, x: torch.Tensor, threshold: float, limit: int | None = None
@@ -195,11 +276,11 @@ class TorchBackend:
 
     def uniform_quantize(
         self, values: torch.Tensor, bits: int, chunk: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[Array, Array, Array]:
         n = values.numel()
         if n == 0:
-            empty = np.zeros(0, dtype=np.float32)
-            return np.zeros(0, dtype=np.uint8), empty, empty.copy()
+            empty = values.new_zeros(0, dtype=torch.float32)
+            return values.new_zeros(0, dtype=torch.uint8), empty, empty.clone()
         levels = (1 << bits) - 1
         table = _chunked(values, chunk)
         lo = table.amin(dim=1)
@@ -209,24 +290,20 @@ class TorchBackend:
         q = ((table - lo[:, None]) / safe[:, None]).round_().clamp_(0, levels)
         q = torch.where(scale[:, None] > 0, q, torch.zeros_like(q))
         codes = q.to(torch.uint8).reshape(-1)[:n]
-        return (
-            codes.cpu().numpy(),
-            lo.cpu().numpy().astype(np.float32, copy=False),
-            scale.cpu().numpy().astype(np.float32, copy=False),
-        )
+        return codes, lo.float(), scale
 
     def uniform_dequantize(
         self,
-        codes: np.ndarray,
-        mins: np.ndarray,
-        scales: np.ndarray,
+        codes: Array,
+        mins: Array,
+        scales: Array,
         chunk: int,
         device: torch.device,
     ) -> torch.Tensor:
         n = codes.shape[0]
-        c = torch.from_numpy(np.ascontiguousarray(codes).astype(np.float32)).to(device)
-        lo = torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float32)).to(device)
-        sc = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32)).to(device)
+        c = _tensor(codes, device, torch.float32)
+        lo = _tensor(mins, device, torch.float32)
+        sc = _tensor(scales, device, torch.float32)
         owner = torch.arange(n, device=device) // chunk
         # Product and sum as two ops (never one FMA) to match the numba kernel.
         return c * sc[owner] + lo[owner]
@@ -249,6 +326,9 @@ class TorchBackend:
     def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
         return _quantize.sign_quantize(_host_copy(values))
 
+    def pack_bits(self, codes: torch.Tensor, width: int) -> torch.Tensor:
+        return torch_pack_bits(codes, width)
+
 
 # --------------------------------------------------------------------------------------
 # Numba: CPU
@@ -259,10 +339,15 @@ def _host(x: torch.Tensor) -> np.ndarray:
     return x.detach().contiguous().numpy()
 
 
+def _as_host(a: Array) -> np.ndarray:
+    return _host(a.cpu()) if isinstance(a, torch.Tensor) else np.asarray(a)
+
+
 class NumbaCpuBackend:
     """numba kernels on CPU tensors, zero-copy through ``Tensor.numpy()``."""
 
     name = "numba"
+    host = True
 
     def threshold_select(
         self, x: torch.Tensor, threshold: float, limit: int | None = None
@@ -290,18 +375,19 @@ class NumbaCpuBackend:
 
     def uniform_quantize(
         self, values: torch.Tensor, bits: int, chunk: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[Array, Array, Array]:
         return _quantize.uniform_quantize(_host(values), bits, chunk)
 
     def uniform_dequantize(
         self,
-        codes: np.ndarray,
-        mins: np.ndarray,
-        scales: np.ndarray,
+        codes: Array,
+        mins: Array,
+        scales: Array,
         chunk: int,
         device: torch.device,
     ) -> torch.Tensor:
-        out = torch.from_numpy(_quantize.uniform_dequantize(codes, mins, scales, chunk))
+        args = (_as_host(codes), _as_host(mins), _as_host(scales))
+        out = torch.from_numpy(_quantize.uniform_dequantize(*args, chunk))
         return out.to(device)
 
     def moments(self, x: torch.Tensor) -> tuple[float, float]:
@@ -317,6 +403,12 @@ class NumbaCpuBackend:
 
     def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
         return _quantize.sign_quantize(_host(values))
+
+    def pack_bits(self, codes: torch.Tensor, width: int) -> torch.Tensor:
+        host = _host(codes.reshape(-1))
+        if host.dtype.kind == "i":
+            host = host.view(host.dtype.str.replace("i", "u"))
+        return torch.from_numpy(_bitpack.pack_bits(host, width))
 
 
 # --------------------------------------------------------------------------------------

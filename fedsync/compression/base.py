@@ -18,7 +18,7 @@ import torch
 
 from fedsync.compression.config import QuantizerConfig, SparsifierConfig
 from fedsync.compression.errors import CodecMismatch, NonFiniteUpdate
-from fedsync.updates import IndexMode, QuantizedValues, TensorSpec
+from fedsync.updates import IndexMode, QuantizedValues, TensorSpec, host_array
 
 __all__ = ["Kept", "Quantizer", "Sparsifier", "expect_params", "target_count"]
 
@@ -133,7 +133,9 @@ class Quantizer(ABC):
 
     @abstractmethod
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        """Codes (numpy, on the host) for the 1-d float32 ``values`` (all finite)."""
+        """Codes for the 1-d float32 ``values`` (all finite): numpy arrays from a host
+        backend, tensors on the values' device from any other (see
+        :data:`fedsync.updates.Array`)."""
 
     @abstractmethod
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
@@ -175,7 +177,7 @@ class Quantizer(ABC):
                 got=f"{q.scheme}/{q.bits}",
             )
         expect_params(q, self.param_lengths(len(q)), label)
-        why = self.check_codes(np.asarray(q.codes))
+        why = self.check_codes(host_array(q.codes))
         if why is not None:
             raise CodecMismatch(why, field="codes", tensor=label)
         return self.decode(q, torch.device(device))
@@ -193,7 +195,7 @@ def expect_params(q: QuantizedValues, lengths: dict[str, int], label: str | None
             got=sorted(q.params),
         )
     for name, length in lengths.items():
-        array = np.asarray(q.params[name])
+        array = host_array(q.params[name])
         if array.shape != (length,):
             raise CodecMismatch(
                 f"param {name!r} has the wrong length",

@@ -7,6 +7,12 @@ tensor into the :class:`~fedsync.updates.CompressedTensor` the wire format packs
 :class:`~fedsync.updates.LowRankTensor`, factors kept, for the ``lowrank`` mode). Error feedback
 (:mod:`fedsync.compression.error_feedback`) wraps a pipeline; so may anything else
 that follows the :class:`Compressor` protocol.
+
+Where the update lives, the compressed tensor stays: with a device backend (Triton on
+CUDA, or torch ops anywhere) positions, codes and params are tensors on the update's
+device until the wire encoder writes the frame, and what the receiver will decode
+(:meth:`Pipeline.sent`, which error feedback subtracts) is computed there from those
+codes. With the host backend (numba on CPU) they are numpy views of the same memory.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from fedsync.updates import (
     SparseTensor,
     SparseUpdate,
     TensorSpec,
+    device_tensor,
+    host_array,
     lowrank_rank,
     matrix_dims,
 )
@@ -138,10 +146,13 @@ class Pipeline:
             raise NonFiniteInputError(f"tensor {spec.name!r} holds NaN or Inf")
         quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
         q = quantizer.quantize(values, derive_seed(seed, spec.name, "quantize"))
-        indices = None
+        indices: np.ndarray | torch.Tensor | None = None
         if kept.mode == "explicit":
             assert kept.positions is not None
-            indices = kept.positions.to("cpu", torch.int64).numpy()
+            kept_at = kept.positions.to(torch.int64)
+            # On the host backend the positions are CPU memory already (a view, no
+            # copy); on a device they stay there until the frame is written.
+            indices = kept_at.numpy() if backend_for(x).host else kept_at
         # A transform's values land everywhere once inverted (see ``sent``).
         positions = None if isinstance(self.sparsifier, TransformSparsifier) else kept.positions
         return Compressed(CompressedTensor(spec, kept.mode, indices, q), positions, x.device)
@@ -157,8 +168,8 @@ class Pipeline:
             return (p @ q.T).reshape(-1)
         if isinstance(self.sparsifier, TransformSparsifier):
             assert tensor.indices is not None
-            index = torch.from_numpy(np.asarray(tensor.indices, dtype=np.int64))
-            return self.sparsifier.inverse(tensor.spec, index.to(compressed.device), values)
+            index = device_tensor(tensor.indices, compressed.device, torch.int64)
+            return self.sparsifier.inverse(tensor.spec, index, values)
         return values
 
     def compress_update(
@@ -201,7 +212,7 @@ class Pipeline:
                 raise CodecMismatch(
                     "explicit positions missing or not one per value", field="indices", tensor=label
                 )
-            positions = np.asarray(tensor.indices, dtype=np.int64)
+            positions = host_array(tensor.indices).astype(np.int64, copy=False)
             if count and (
                 positions[0] < 0
                 or positions[-1] >= spec.numel

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedsync.updates import (
+    Array,
     CompressedTensor,
     QuantizedValues,
     TensorSpec,
@@ -461,7 +462,7 @@ def _check_envelope(view: memoryview, limits: FrameLimits) -> bool:
 
 def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
     label = entry.label
-    params = {}
+    params: dict[str, Array] = {}
     for name, length in entry.params:
         raw = reader.take(4 * length, f"param {name!r}", label)
         params[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32)

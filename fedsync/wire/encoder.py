@@ -4,21 +4,26 @@ The input comes from fedsync's own compressors, so a tensor that breaks its cont
 is a programming error: it raises :class:`ValueError` naming the tensor (never
 :class:`~fedsync.wire.PayloadError`, which is about received bytes). The byte layout
 is documented in :mod:`fedsync.wire.layout`.
+
+Positions, codes and params may still be tensors on the sender's device: they are
+packed there and copied to the host in one piece first (:mod:`fedsync.wire.staging`).
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedsync.updates import (
+    Array,
     CompressedTensor,
     QuantizedValues,
     TensorSpec,
+    host_array,
     lowrank_rank,
     matrix_dims,
 )
@@ -44,6 +49,7 @@ from fedsync.wire.layout import (
 from fedsync.wire.limits import DEFAULT_LIMITS, MAX_FORMAT_NUMEL
 from fedsync.wire.registry import CODING_CODES, DTYPE_CODES, INDEX_MODE_RULES, SCHEME_CODES
 from fedsync.wire.schema import schema_digest
+from fedsync.wire.staging import stage_tensors
 from kernels import bitpack
 
 __all__ = ["encode_frame"]
@@ -54,7 +60,7 @@ def _checked_codes(values: QuantizedValues, label: str) -> np.ndarray:
     bits = values.bits
     if not isinstance(bits, int | np.integer) or not 1 <= bits <= MAX_BITS:
         raise ValueError(f"{label}: bits must be an int in 1..{MAX_BITS}, got {bits!r}")
-    codes = np.asarray(values.codes)
+    codes = np.asarray(values.codes)  # a host array here (see fedsync.wire.staging)
     if codes.ndim != 1:
         raise ValueError(f"{label}: codes must be one-dimensional, got shape {codes.shape}")
     if codes.size == 0:
@@ -73,12 +79,13 @@ def _checked_codes(values: QuantizedValues, label: str) -> np.ndarray:
     return codes
 
 
-def _checked_params(params: dict[str, np.ndarray], label: str) -> list[tuple[str, np.ndarray]]:
+def _checked_params(params: Mapping[str, Array], label: str) -> list[tuple[str, np.ndarray]]:
     out = []
     for name, array in params.items():
         if not isinstance(name, str):
             raise ValueError(f"{label}: param names must be str, got {name!r}")
-        out.append((name, np.ascontiguousarray(np.asarray(array, dtype="<f4").reshape(-1))))
+        host = np.asarray(host_array(array), dtype="<f4")
+        out.append((name, np.ascontiguousarray(host.reshape(-1))))
     return out
 
 
@@ -95,7 +102,7 @@ class _Prepared:
     coding: str
     coding_param: int
     section: bytes
-    codes: np.ndarray
+    packed: np.ndarray
 
     @property
     def format_key(self) -> tuple[str, int, tuple[str, ...]]:
@@ -124,8 +131,14 @@ def _check_spec(spec: TensorSpec, label: str) -> int:
 
 
 def _prepare(
-    tensor: CompressedTensor, label: str, index_coding: str | None, allow_context: bool
+    tensor: CompressedTensor,
+    label: str,
+    index_coding: str | None,
+    allow_context: bool,
+    packed: np.ndarray | None = None,
 ) -> _Prepared:
+    """Check and code one tensor; ``packed`` is its code stream when the codes were
+    checked and packed on their device already (the codes then only give the count)."""
     spec = tensor.spec
     numel = _check_spec(spec, label)
     mode = tensor.index_mode
@@ -137,13 +150,17 @@ def _prepare(
         raise ValueError(
             f"{label}: unknown scheme {values.scheme!r}; expected one of {list(SCHEME_CODES)}"
         )
-    codes = _checked_codes(values, label)
-    count = int(codes.shape[0])
+    if packed is None:
+        codes = _checked_codes(values, label)
+        count = int(codes.shape[0])
+        packed = bitpack.pack_bits(codes, int(values.bits))
+    else:
+        count = len(values)
 
     if rule.positions:
         if tensor.indices is None:
             raise ValueError(f"{label}: index mode {mode!r} needs indices")
-        indices = as_index_array(tensor.indices, numel, label=label)
+        indices = as_index_array(host_array(tensor.indices), numel, label=label)
         if indices.shape[0] != count:
             raise ValueError(f"{label}: {indices.shape[0]} indices but {count} codes")
         plan = choose_index_coding(
@@ -180,7 +197,7 @@ def _prepare(
         coding,
         coding_param,
         section,
-        codes,
+        packed,
     )
 
 
@@ -276,13 +293,16 @@ def encode_frame(
     prepared: list[_Prepared] = []
     seen: set[str] = set()
     context_left = DEFAULT_LIMITS.max_context_numel
-    for position, tensor in enumerate(tensors):
-        label = f"tensor #{position} {tensor.spec.name!r}"
+    labels = [f"tensor #{position} {tensor.spec.name!r}" for position, tensor in enumerate(tensors)]
+    for label, tensor in zip(labels, tensors, strict=True):
         if tensor.spec.name in seen:
             raise ValueError(f"{label}: duplicate tensor name")
         seen.add(tensor.spec.name)
+    for label, entry in zip(labels, stage_tensors(tensors, labels), strict=True):
+        tensor = entry.tensor
         numel = math.prod(int(d) for d in tensor.spec.shape)
-        prepared.append(_prepare(tensor, label, index_coding, numel <= context_left))
+        allow = numel <= context_left
+        prepared.append(_prepare(tensor, label, index_coding, allow, entry.packed))
         if prepared[-1].coding == "context":
             context_left -= numel
     if schema == "digest":
@@ -310,7 +330,7 @@ def encode_frame(
         for _, array in p.params:
             data.raw(array.tobytes())
         data.raw(p.section)
-        data.raw(bitpack.pack_bits(p.codes, p.bits).data)
+        data.raw(p.packed.data)
 
     flags = FLAG_TABLE if schema == "table" else 0
     length = HEADER_BYTES + table.size + data.size + TRAILER_BYTES

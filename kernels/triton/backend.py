@@ -8,10 +8,14 @@ bits); the unit tests run both on the same data, the Triton side under
 
 Beyond the protocol it offers the device halves of the stochastic and sign
 quantizers (:meth:`qsgd_quantize`, :meth:`ternary_quantize`, :meth:`sign_quantize`,
-whose CPU twins are in :mod:`kernels.quantize`), device-resident variants
-(``*_device``) that leave results on the GPU for the packers of
+whose CPU twins are in :mod:`kernels.quantize`), the packers of
 :mod:`kernels.triton.pack`, and the fused decode + scatter-add of
 :mod:`kernels.triton.scatter`.
+
+Positions, codes and per-chunk params stay on the device (``host`` is false): the
+sender's frame writer packs the codes here and copies the frame's sections to the
+host once (:mod:`fedsync.wire.staging`). Only scalars (counts, a tensor's one scale)
+and the few magnitudes a threshold estimate samples cross earlier.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.dispatch import Selection
+from kernels.dispatch import Array, Selection
 from kernels.triton import pack as _pack
 from kernels.triton import quantize as _quantize
 from kernels.triton import reduce as _reduce
@@ -37,6 +41,7 @@ class TritonBackend:
     """Triton kernels for 1-d contiguous float32 tensors on a CUDA device."""
 
     name = "triton"
+    host = False
 
     # -- selection ---------------------------------------------------------------------
 
@@ -73,49 +78,42 @@ class TritonBackend:
 
     def uniform_quantize(
         self, values: torch.Tensor, bits: int, chunk: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        codes, mins, scales = _quantize.uniform_quantize(values, bits, chunk)
-        return _numpy(codes), _numpy(mins), _numpy(scales)
-
-    def uniform_quantize_device(
-        self, values: torch.Tensor, bits: int, chunk: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Like :meth:`uniform_quantize`, results left on the device."""
+    ) -> tuple[Array, Array, Array]:
+        """Codes, minima and scales, left on the device."""
         return _quantize.uniform_quantize(values, bits, chunk)
 
     def uniform_dequantize(
         self,
-        codes: np.ndarray,
-        mins: np.ndarray,
-        scales: np.ndarray,
+        codes: Array,
+        mins: Array,
+        scales: Array,
         chunk: int,
         device: torch.device,
     ) -> torch.Tensor:
-        def up(a: np.ndarray, dtype: np.dtype | type) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype)).to(device)
+        def up(a: Array, dtype: torch.dtype) -> torch.Tensor:
+            t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
+            return t.to(device=device, dtype=dtype).contiguous()
 
         return _quantize.uniform_dequantize(
-            up(codes, np.uint8), up(mins, np.float32), up(scales, np.float32), chunk
+            up(codes, torch.uint8), up(mins, torch.float32), up(scales, torch.float32), chunk
         )
 
     # -- stochastic and sign quantizers ------------------------------------------------
 
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """QSGD codes (uint8/uint16) and norms on the host (as
-        :func:`kernels.quantize.qsgd_quantize`)."""
-        codes, norms = _quantize.qsgd_quantize(values, levels, chunk, seed)
-        host = _numpy(codes)
-        return (host.view(np.uint16) if host.dtype == np.int16 else host), _numpy(norms)
+    ) -> tuple[Array, Array]:
+        """QSGD codes (uint8, or int16 read as uint16) and norms, on the device (the
+        arithmetic of :func:`kernels.quantize.qsgd_quantize`)."""
+        return _quantize.qsgd_quantize(values, levels, chunk, seed)
 
-    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[np.ndarray, np.float32]:
-        codes, scale = _quantize.ternary_quantize(values, seed)
-        return _numpy(codes), scale
+    def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[Array, np.float32]:
+        """Codes on the device; the scale (one number) on the host."""
+        return _quantize.ternary_quantize(values, seed)
 
-    def sign_quantize(self, values: torch.Tensor) -> tuple[np.ndarray, np.float32]:
-        codes, scale = _quantize.sign_quantize(values)
-        return _numpy(codes), scale
+    def sign_quantize(self, values: torch.Tensor) -> tuple[Array, np.float32]:
+        """Codes on the device; the scale (one number) on the host."""
+        return _quantize.sign_quantize(values)
 
     # -- wire sections on the device ---------------------------------------------------
 

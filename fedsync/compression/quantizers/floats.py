@@ -3,6 +3,10 @@
 ``fp32`` (alias ``none``) sends kept values exactly. ``fp16`` and ``bf16`` round to
 nearest-even; values beyond the format's largest finite number saturate to it rather
 than overflowing to Inf (error feedback then carries the excess).
+
+On the host (the numba backend) the codes are numpy arrays; on any other backend
+they stay on the values' device as the bit patterns in a signed tensor of the same
+width (``int32``, ``int16``), which the frame writer reads as unsigned.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
 from fedsync.updates import QuantizedValues
+from kernels.dispatch import backend_for
 
 __all__ = ["BF16", "FP16", "FP32", "Bf16Config", "Fp16Config", "Fp32Config"]
 
@@ -69,10 +74,14 @@ class FP32(Quantizer):
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
         # A copy, never a view: the values may be the caller's (or the EF residual's)
         # memory, which changes after this call.
+        if not backend_for(values).host:
+            return QuantizedValues(self.scheme, 32, values.detach().clone().view(torch.int32))
         host = values.detach().to("cpu", torch.float32).numpy().copy()
         return QuantizedValues(self.scheme, 32, host.view(np.uint32))
 
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
+        if isinstance(q.codes, torch.Tensor):
+            return q.codes.to(device, torch.int32).view(torch.float32)
         codes = np.ascontiguousarray(q.codes, dtype=np.uint32)
         return torch.from_numpy(codes.view(np.float32).copy()).to(device)
 
@@ -92,10 +101,15 @@ class _Float16Like(Quantizer):
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
         half = values.detach().clamp(-self.limit, self.limit).to(self.dtype)
+        if not backend_for(values).host:
+            return QuantizedValues(self.scheme, 16, half.view(torch.int16))
         codes = half.view(torch.int16).cpu().numpy().view(np.uint16).copy()
         return QuantizedValues(self.scheme, 16, codes)
 
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
+        if isinstance(q.codes, torch.Tensor):
+            bits = q.codes.to(device, torch.int16)
+            return bits.view(self.dtype).to(torch.float32)
         codes = np.ascontiguousarray(q.codes, dtype=np.uint16).view(np.int16)
         return torch.from_numpy(codes.copy()).view(self.dtype).to(device, torch.float32)
 

@@ -27,7 +27,7 @@ from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerCon
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import derive_seed
-from fedsync.updates import QuantizedValues
+from fedsync.updates import QuantizedValues, device_tensor
 from kernels.dispatch import backend_for
 
 __all__ = ["QSGD", "QSGDConfig"]
@@ -89,8 +89,10 @@ class QSGD(Quantizer):
         codes, norms = backend_for(values).qsgd_quantize(
             values.detach(), self.config.levels, self.config.chunk, derive_seed(seed, "qsgd")
         )
-        dtype = np.uint8 if self.bits <= 8 else np.uint16
-        return QuantizedValues(self.scheme, self.bits, codes.astype(dtype), {"norm": norms})
+        if isinstance(codes, np.ndarray):
+            codes = codes.astype(np.uint8 if self.bits <= 8 else np.uint16)
+        # else: a device kernel's uint8 or int16 codes, left where they are
+        return QuantizedValues(self.scheme, self.bits, codes, {"norm": norms})
 
     def param_lengths(self, count: int) -> dict[str, int]:
         return {"norm": -(-count // self.config.chunk)}
@@ -101,14 +103,17 @@ class QSGD(Quantizer):
         return None
 
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
-        codes = torch.from_numpy(np.asarray(q.codes).astype(np.int32)).to(device)
-        norms = torch.from_numpy(np.asarray(q.params["norm"], dtype=np.float32)).to(device)
+        if isinstance(q.codes, torch.Tensor):
+            codes = q.codes.to(device, torch.int32) & 0xFFFF  # int16 storage read unsigned
+        else:
+            codes = torch.from_numpy(np.asarray(q.codes).astype(np.int32)).to(device)
+        norms = device_tensor(q.params["norm"], device, torch.float32)
         step = (norms / self.config.levels)[self._owner(codes.numel(), device)]
         sign = 1.0 - 2.0 * (codes & 1).to(torch.float32)
         return (codes >> 1).to(torch.float32) * step * sign
 
     def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:
-        norms = torch.from_numpy(np.asarray(q.params["norm"])).to(values.device)
+        norms = device_tensor(q.params["norm"], values.device)
         norm = norms[self._owner(values.numel(), values.device)]
         # One level step, plus float32 rounding of the few ops involved.
         return norm / self.config.levels * (1 + 2.0**-18) + 1e-38

@@ -16,7 +16,7 @@ import torch
 from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
-from fedsync.updates import QuantizedValues
+from fedsync.updates import QuantizedValues, device_tensor
 from kernels.dispatch import backend_for
 
 __all__ = ["Sign", "SignConfig"]
@@ -54,7 +54,7 @@ class Sign(Quantizer):
 
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
         scale = float(np.float32(q.params["scale"][0]))
-        codes = torch.from_numpy(np.asarray(q.codes).astype(np.float32)).to(device)
+        codes = device_tensor(q.codes, device, torch.float32)
         return (1.0 - 2.0 * codes) * scale
 
     def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:

@@ -18,7 +18,7 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import derive_seed
-from fedsync.updates import QuantizedValues
+from fedsync.updates import QuantizedValues, device_tensor
 from kernels.dispatch import backend_for
 
 __all__ = ["Ternary", "TernaryConfig"]
@@ -65,7 +65,7 @@ class Ternary(Quantizer):
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
         scale = float(np.float32(q.params["scale"][0]))
         table = torch.tensor([0.0, scale, -scale], dtype=torch.float32, device=device)
-        codes = torch.from_numpy(np.asarray(q.codes).astype(np.int64)).to(device)
+        codes = device_tensor(q.codes, device, torch.int64)
         return table[codes]
 
     def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:

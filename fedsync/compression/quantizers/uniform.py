@@ -22,7 +22,7 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerConfig, check_range
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
-from fedsync.updates import QuantizedValues
+from fedsync.updates import QuantizedValues, device_tensor
 from kernels.dispatch import backend_for
 
 __all__ = ["Uniform", "UniformConfig"]
@@ -85,15 +85,17 @@ class Uniform(Quantizer):
         return None  # every b-bit code is a valid level
 
     def decode(self, q: QuantizedValues, device: torch.device) -> torch.Tensor:
+        # Codes still on the sender's device are decoded there: what error feedback
+        # subtracts never crosses to the host.
         return backend_for(device).uniform_dequantize(
-            np.asarray(q.codes), q.params["min"], q.params["scale"], self.config.chunk, device
+            q.codes, q.params["min"], q.params["scale"], self.config.chunk, device
         )
 
     def error_bound(self, values: torch.Tensor, q: QuantizedValues) -> torch.Tensor:
         n = values.numel()
         owner = torch.arange(n, device=values.device) // self.config.chunk
-        lo = torch.from_numpy(q.params["min"]).to(values.device)[owner].double()
-        scale = torch.from_numpy(q.params["scale"]).to(values.device)[owner].double()
+        lo = device_tensor(q.params["min"], values.device)[owner].double()
+        scale = device_tensor(q.params["scale"], values.device)[owner].double()
         hi = lo + scale * ((1 << self.bits) - 1)
         # Half a step, plus a few float32 roundings of numbers as large as the chunk's
         # extremes (subtract, divide, multiply, add), plus the smallest subnormal steps.
