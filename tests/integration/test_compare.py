@@ -46,6 +46,14 @@ def test_teasq_beats_fedavg_to_the_target(
     assert comparison.all_completed
     assert [r.label for r in results] == scenario.labels
 
+    # Every node answered the probe with its profile: the summary lists each device's
+    # torch device next to its task times.
+    (teasq_result,) = [r for r in results if r.label == "teasq"]
+    devices = teasq_result.summary["devices"].values()
+    assert {d["device"] for d in devices} == {"cpu"}
+    assert sorted(d["device_index"] for d in devices) == list(range(len(devices)))
+    assert all(d["task_seconds_median"] > 0 for d in devices if d["completed"])
+
     fedavg, teasq = comparison.row("fedavg"), comparison.row("teasq")
     assert fedavg["target"]["reached"], fedavg
     assert teasq["target"]["reached"], teasq

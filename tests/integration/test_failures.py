@@ -1,8 +1,9 @@
 """Failures of a real deployment (SuperLink + SuperNodes over gRPC, ``LocalDeployment``).
 
-* a SuperNode killed mid-run: the failure is counted, the run goes on, the node comes
-  back when restarted -- under its own node id with authentication (the default), under
-  a new one without -- and continues its error-feedback residual from ``state-dir``;
+* a SuperNode killed mid-run (stock nodes, then warm ``fedsync-node`` ones): the
+  failure is counted, the run goes on, the node comes back when restarted -- under its
+  own node id with authentication (the default), under a new one without -- and
+  continues its error-feedback residual from ``state-dir``;
 * the SuperLink (and its ServerApp) killed mid-run: a new run with ``resume=true``
   continues from the last checkpoint;
 * a node sending corrupt and hostile updates: every one is rejected and counted, the
@@ -29,6 +30,7 @@ import pytest
 
 from fedsync.deploy import DeploymentError, LocalDeployment, RunOutcome
 from fedsync.deploy.processes import ManagedProcess
+from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.persist import file_digest, load_arrays
 from fedsync.reports import read_events
 from server.checkpoint import CheckpointStore
@@ -205,11 +207,16 @@ class KilledNodeRun:
     seconds: float
 
 
-@pytest.fixture(scope="module")
-def killed_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilledNodeRun]:
-    tmp_path = tmp_path_factory.mktemp("killed-node")
+@pytest.fixture(scope="module", params=["stock", "warm"])
+def killed_node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KilledNodeRun]:
+    """The stock nodes (a ClientApp process per message), then warm ones (``fedsync-node``:
+    the whole node, executor included, is killed and started again)."""
+    tmp_path = tmp_path_factory.mktemp(f"killed-node-{request.param}")
     results = tmp_path / "results"
-    deployment = LocalDeployment(tmp_path / "run", node_configs(tmp_path))
+    kind = WarmLocalDeployment if request.param == "warm" else LocalDeployment
+    deployment = kind(tmp_path / "run", node_configs(tmp_path))
     supervisor = Supervisor(deployment, 0)
     started = time.monotonic()
     deployment.start()
@@ -295,7 +302,8 @@ def _away(run: KilledNodeRun) -> tuple[float, float]:
 
 def test_killed_node_is_counted_and_the_others_go_on(killed_node: KilledNodeRun) -> None:
     errors = [e for e in killed_node.events if e["event"] == "error"]
-    assert errors and all(e["node"] == killed_node.node_id for e in errors)
+    others = [(e["node"], e["reason"]) for e in errors if e["node"] != killed_node.node_id]
+    assert errors and not others, (killed_node.node_id, others)
     # The task it died with: its TTL or the SuperLink's missed-heartbeat verdict.
     kinds = killed_node.summary["errors"]
     assert set(kinds) <= {"ttl-expired", "node-unavailable"} and kinds.get("node-unavailable")
