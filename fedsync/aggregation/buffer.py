@@ -65,10 +65,11 @@ above which ``"auto"`` turns a tensor's accumulator dense.
 
 Measured by ``benchmarks/buffer_accumulators.py`` (``benchmarks/results/
 buffer_accumulators.json``: CPU time per aggregation, K = 3 and 10 updates of a 1M
-and a 4M-element tensor): the sparse kind costs 0.56-0.88x the dense one up to a union
-density of 0.001, 0.66-1.11x at 0.003 (about even at 1M elements), 1.12-1.46x at 0.01
-and 4x at 0.1 (the sort of the union grows with it, the dense kind's two passes over
-the tensor do not), so the switch sits between 0.003 and 0.01. The sparse kind also
+and a 4M-element tensor): the sparse kind costs 0.54-0.83x the dense one up to a union
+density of 0.001, 0.76-1.05x at 0.003, 0.81-1.33x at 0.01 (above 1 in three of the four
+cases), 1.8-2.0x at 0.02 and 3.9-4.8x at 0.1 (the sort of the union grows with it, the
+dense kind's two passes over the tensor do not), so the switch sits between 0.003 and
+0.01. The sparse kind also
 holds less memory there: ``12 * K * nnz`` bytes against ``4 * numel``."""
 
 
