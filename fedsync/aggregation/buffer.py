@@ -243,8 +243,10 @@ class UpdateBuffer:
             limit = self.dense_above * self.specs[name].numel
             # The union is at least this update's support and at most all the cached
             # positions: it is counted (a sort) only where those bounds do not decide.
-            if self.accumulator == "auto" and held.total > limit and (
-                tensor.nnz > limit or held.count > limit
+            if (
+                self.accumulator == "auto"
+                and held.total > limit
+                and (tensor.nnz > limit or held.count > limit)
             ):
                 self._densify(name)
         for name, array in dense.items():
