@@ -65,12 +65,12 @@ above which ``"auto"`` turns a tensor's accumulator dense.
 
 Measured by ``benchmarks/buffer_accumulators.py`` (``benchmarks/results/
 buffer_accumulators.json``: CPU time per aggregation, K = 3 and 10 updates of a 1M
-and a 4M-element tensor): the sparse kind costs 0.4-0.85x the dense one up to a union
-density of 0.003 and 1.2-1.5x at 0.01, growing to 4x at 0.1 and 7-10x at 0.3 (the
-sort of the union grows with it, while the dense kind's two passes over the tensor do
-not), so the switch sits between the last point where sparse won and the first where
-it lost. The sparse kind also holds less memory there: ``12 * K * nnz`` bytes against
-``4 * numel``."""
+and a 4M-element tensor): the sparse kind costs 0.54-0.83x the dense one up to a union
+density of 0.001, 0.76-1.05x at 0.003, 0.81-1.33x at 0.01 (above 1 in three of the four
+cases), 1.8-2.0x at 0.02 and 3.9-4.8x at 0.1 (the sort of the union grows with it, the
+dense kind's two passes over the tensor do not), so the switch sits between 0.003 and
+0.01. The sparse kind also
+holds less memory there: ``12 * K * nnz`` bytes against ``4 * numel``."""
 
 
 class BufferFull(RuntimeError):
@@ -241,8 +241,13 @@ class UpdateBuffer:
             held = self._sparse.setdefault(name, _SparseSums())
             held.add(indices, values, weight)
             limit = self.dense_above * self.specs[name].numel
-            # The union is counted only once the updates together could exceed it.
-            if self.accumulator == "auto" and held.total > limit and held.count > limit:
+            # The union is at least this update's support and at most all the cached
+            # positions: it is counted (a sort) only where those bounds do not decide.
+            if (
+                self.accumulator == "auto"
+                and held.total > limit
+                and (tensor.nnz > limit or held.count > limit)
+            ):
                 self._densify(name)
         for name, array in dense.items():
             flat = array.reshape(-1).to(self.device, dtype=torch.float32)

@@ -28,7 +28,8 @@ from fedsync.models.training import evaluate, train
 from fedsync.strategies import STRATEGIES
 from fedsync.task import client_data, dataset_for, model_for, model_state
 from fedsync.updates import TensorSpec
-from fedsync.wire import inspect_frame
+from fedsync.wire import TensorLayout, inspect_frame
+from fedsync.wire.index_coding import IndexPlan
 
 __all__ = ["Collection", "UpdateRecord", "collect_updates", "uplink_plan"]
 
@@ -53,7 +54,8 @@ class UpdateRecord:
     sent_coding : dict of str to str
         The index coding the frame encoder chose per tensor (``dense`` for none).
     sent_index_bytes : dict of str to int
-        Bytes of that index section.
+        Bytes those positions took in the frame: the section, plus the parameter
+        byte and length varint of the codings that carry them.
     train_loss : float
         The local training loss.
     """
@@ -191,7 +193,7 @@ def collect_updates(
                         lay.spec.name: lay.coding if lay.index_mode == "explicit" else "dense"
                         for lay in layouts
                     },
-                    sent_index_bytes={lay.spec.name: lay.index_nbytes for lay in layouts},
+                    sent_index_bytes={lay.spec.name: _index_bytes(lay) for lay in layouts},
                     train_loss=float(result["train_loss"]),
                 )
             )
@@ -208,3 +210,10 @@ def collect_updates(
             )
     collection.seconds = time.perf_counter() - started
     return collection
+
+
+def _index_bytes(layout: TensorLayout) -> int:
+    """Bytes a tensor's positions took in a real frame (0 for a tensor sent dense)."""
+    if layout.index_mode != "explicit":
+        return 0
+    return IndexPlan(layout.coding, layout.coding_param, layout.index_nbytes).frame_bits // 8

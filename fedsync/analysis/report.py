@@ -35,10 +35,10 @@ PARTITIONS = (2, 4, 8, 16)
 """Default partition counts for Zen's imbalance."""
 COST_KEYS = (*SPARSE_CODINGS, "dense", "entropy", "best_per_tensor", "sent")
 """The index costs reported: each coding, the bound, the smallest wire coding of each
-tensor's support (none for a fully kept tensor: it travels dense), and ``sent``, the
-index sections the real frames carried (the frame encoder tries the context coder
-only where a quick test finds the support clustered, so it may send more than
-``best_per_tensor``)."""
+tensor's support (none for a fully kept tensor: it travels dense), and ``sent``, what
+the positions took in the real frames (the frame encoder tries the context coder only
+where a quick test finds the support clustered, so it may send more than
+``best_per_tensor``, never less)."""
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -217,8 +217,8 @@ def recommend(layers: dict[str, Any], k: int) -> dict[str, Any]:
         f"cheapest single index coding over the model: {best} at "
         f"{per_nnz[best]:.2f} bits per kept position (entropy bound H(rho)/rho "
         f"{entropy:.2f}, int32 COO 32, bitmap {per_nnz['bitmap']:.2f}); the best coding per "
-        f"tensor reaches {per_nnz['best_per_tensor']:.2f}, the real frames' index "
-        f"sections {per_nnz['sent']:.2f}.",
+        f"tensor reaches {per_nnz['best_per_tensor']:.2f}, the real frames spent "
+        f"{per_nnz['sent']:.2f}.",
     ]
     return {
         "buffer": model["buffer"],
