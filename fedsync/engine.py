@@ -42,7 +42,6 @@ from fedsync.aggregation.downlink import (
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
-from fedsync.compression.pruning import masked_spec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
@@ -212,14 +211,6 @@ class AggregationEngine:
         if delta:
             for spec in self.downlink_schedule.extreme_specs():
                 self._downlink_codec(spec)
-        if compression.prune_at_version >= 0:
-            _check_maskable(
-                [
-                    *self.schedule.extreme_specs(),
-                    *self.downlink_schedule.extreme_specs(),
-                    compression.downlink_codec,
-                ]
-            )
         self.downlink = DownlinkEncoder(
             self.specs,
             full_codec=self._downlink_codec(compression.downlink_codec),
@@ -416,17 +407,6 @@ class AggregationEngine:
                 "downlink-kind = 'delta', which keeps a per-device residual on the server"
             )
         return codec
-
-
-def _check_maskable(specs: list[str]) -> None:
-    """Fail at start-up, not at the cut, if a spec has no masked form."""
-    for spec in specs:
-        try:
-            masked_spec(spec, "0" * 16)
-        except ValueError as err:
-            raise SettingsError(
-                f"prune-at-version: codec spec {spec!r} cannot be restricted to a mask: {err}"
-            ) from err
 
 
 def task_seed(seed: int, number: int) -> int:
