@@ -13,7 +13,10 @@ The engine knows nothing of messages, nodes' addresses or time: the server's loo
 each reply's bytes when the clock releases them. Everything is deterministic given the
 order of calls, so simulations repeat exactly. A :class:`~fedsync.strategies.Strategy`
 says how updates are gated, weighted and combined; the buffer, the optimizer, the
-codecs and the downlink encoder are the same for every strategy.
+codecs and the downlink encoder are the same for every strategy. A pruned run
+(``prune-at-version``) cuts the model once (:mod:`fedsync.aggregation.pruning`); from
+then on every spec of both directions is masked and each plan carries the mask frame to
+a device that does not hold it yet.
 """
 
 from __future__ import annotations
