@@ -13,7 +13,10 @@ The engine knows nothing of messages, nodes' addresses or time: the server's loo
 each reply's bytes when the clock releases them. Everything is deterministic given the
 order of calls, so simulations repeat exactly. A :class:`~fedsync.strategies.Strategy`
 says how updates are gated, weighted and combined; the buffer, the optimizer, the
-codecs and the downlink encoder are the same for every strategy.
+codecs and the downlink encoder are the same for every strategy. A pruned run
+(``prune-at-version``) cuts the model once (:mod:`fedsync.aggregation.pruning`); from
+then on every spec of both directions is masked and each plan carries the mask frame to
+a device that does not hold it yet.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ from fedsync.aggregation.downlink import (
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
-from fedsync.compression.pruning import masked_spec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
@@ -213,14 +215,6 @@ class AggregationEngine:
         if delta:
             for spec in self.downlink_schedule.extreme_specs():
                 self._downlink_codec(spec)
-        if compression.prune_at_version >= 0:
-            _check_maskable(
-                [
-                    *self.schedule.extreme_specs(),
-                    *self.downlink_schedule.extreme_specs(),
-                    compression.downlink_codec,
-                ]
-            )
         self.downlink = DownlinkEncoder(
             self.specs,
             full_codec=self._downlink_codec(compression.downlink_codec),
@@ -417,17 +411,6 @@ class AggregationEngine:
                 "downlink-kind = 'delta', which keeps a per-device residual on the server"
             )
         return codec
-
-
-def _check_maskable(specs: list[str]) -> None:
-    """Fail at start-up, not at the cut, if a spec has no masked form."""
-    for spec in specs:
-        try:
-            masked_spec(spec, "0" * 16)
-        except ValueError as err:
-            raise SettingsError(
-                f"prune-at-version: codec spec {spec!r} cannot be restricted to a mask: {err}"
-            ) from err
 
 
 def task_seed(seed: int, number: int) -> int:
