@@ -1,10 +1,11 @@
 """The strategy comparison through the real Flower app, at CI scale: digits with
-stragglers, and the Fashion-MNIST headline scenario's code path (``fmnist-ci``: 12 devices
-of the same fleet, dense FedAvg / FedBuff / FedAsync against TEASQ mode).
+stragglers, the Fashion-MNIST headline scenario's code path (``fmnist-ci``: 12 devices
+of the same fleet, dense FedAvg / FedBuff / FedAsync against TEASQ mode), and the
+link-bound edge scenario's twin (``fmnist-iot-ci``: 12 devices of the IoT-uplink fleet).
 
 Asserts orderings, not absolute numbers: every run completes, TEASQ-Fed reaches the
-target in less simulated time than FedAvg and with fewer uplink bytes, and nothing the
-runner started is left running.
+target in less simulated time than FedAvg, with fewer uplink bytes and fewer bytes up and
+down together, and nothing the runner started is left running.
 """
 
 from __future__ import annotations
@@ -61,7 +62,36 @@ def test_teasq_beats_fedavg_to_the_target(
     assert teasq["target"]["bytes_up"] < fedavg["target"]["bytes_up"]
     assert teasq["ratios_vs_baseline"]["time_to_target"] < 1.0
     assert teasq["ratios_vs_baseline"]["uplink_bytes_to_target"] < 1.0
+    # Up and down together: the downlink is most of TEASQ mode's bytes.
+    assert teasq["target"]["bytes_total"] < fedavg["target"]["bytes_total"]
+    assert teasq["ratios_vs_baseline"]["total_bytes_to_target"] < 1.0
 
     saved = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert saved["all_completed"] is True
     assert (tmp_path / "out" / "comparison.png").stat().st_size > 0
+
+
+def test_on_slow_uplinks_teasq_beats_fedavg_on_time_and_total_bytes(
+    tmp_path: Path, shared_data_dir: Path
+) -> None:
+    """The link-bound edge scenario's twin (``fmnist-iot-ci``): FedAvg against TEASQ mode on
+    12 devices of the IoT-uplink fleet, tasks of about the full scenario's size; the
+    ordering to the target, in simulated time and in bytes both ways."""
+    scenario = load_scenario("fmnist-iot-ci")
+    assert scenario.labels == ["fedavg", "teasq"]
+    runner = ComparisonRunner(scenario, tmp_path / "runs")
+    try:
+        results = runner.run()
+    finally:
+        assert runner.started_pids
+        assert live_group_members(runner.started_pids) == []
+    comparison = build_comparison(scenario, results)
+    write_reports(comparison, tmp_path / "out")
+    for result in results:
+        assert result.completed, f"{result.label}: {result.status}\n{result.details}"
+
+    fedavg, teasq = comparison.row("fedavg"), comparison.row("teasq")
+    assert fedavg["target"]["reached"], fedavg
+    assert teasq["target"]["reached"], teasq
+    assert teasq["target"]["sim_time"] < fedavg["target"]["sim_time"]
+    assert teasq["target"]["bytes_total"] < fedavg["target"]["bytes_total"]
