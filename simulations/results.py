@@ -28,6 +28,7 @@ __all__ = [
     "build_comparison",
     "evaluation_entries",
     "first_reaching",
+    "first_reaching_loss",
     "ratio",
     "read_series",
     "staleness_bins",
@@ -46,6 +47,12 @@ class EvalPoint:
     bytes_up: int
     bytes_down: int
     accuracy: float
+    loss: float = math.nan
+
+    @property
+    def bytes_total(self) -> int:
+        """Cumulative bytes both ways (uplink + downlink)."""
+        return self.bytes_up + self.bytes_down
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> EvalPoint:
@@ -55,11 +62,12 @@ class EvalPoint:
             bytes_up=int(entry.get("cumulative_bytes_up", 0)),
             bytes_down=int(entry.get("cumulative_bytes_down", 0)),
             accuracy=float(entry.get("accuracy", math.nan)),
+            loss=float(entry.get("loss", math.nan)),
         )
 
     def as_list(self) -> list[float | int]:
-        """``[sim_time, bytes_up, bytes_down, accuracy]`` (compact, for the JSON)."""
-        return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy]
+        """``[sim_time, bytes_up, bytes_down, accuracy, loss]`` (compact, for the JSON)."""
+        return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy, self.loss]
 
 
 def evaluation_entries(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -87,6 +95,16 @@ def first_reaching(series: Sequence[EvalPoint], target: float | None) -> EvalPoi
         return None
     for point in series:
         if point.accuracy >= target:
+            return point
+    return None
+
+
+def first_reaching_loss(series: Sequence[EvalPoint], target: float | None) -> EvalPoint | None:
+    """The first evaluation whose test loss is at most ``target`` (``None``: never)."""
+    if target is None:
+        return None
+    for point in series:
+        if point.loss <= target:
             return point
     return None
 
@@ -146,6 +164,11 @@ class Comparison:
     results: list[RunResult]
 
     @property
+    def metric(self) -> str:
+        """What :attr:`target` is: ``"accuracy"``, or ``"loss"`` (lower is better)."""
+        return self.scenario.target.metric
+
+    @property
     def all_completed(self) -> bool:
         """Whether every strategy's run completed."""
         return bool(self.results) and all(r.completed for r in self.results)
@@ -164,7 +187,9 @@ class Comparison:
             "scenario": scenario.name,
             "description": scenario.description,
             "target_rule": {"kind": scenario.target.kind, "value": scenario.target.value},
-            "target_accuracy": self.target,
+            "target_metric": self.metric,
+            "target_accuracy": self.target if self.metric == "accuracy" else None,
+            "target_loss": self.target if self.metric == "loss" else None,
             "baseline": scenario.baseline,
             "scale": scenario.scale,
             "federation": dict(scenario.federation),
@@ -183,8 +208,14 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
     results : sequence of RunResult
         One per strategy run (failed ones included: they get a row that says so).
     """
-    target = scenario.target.resolve(_final_accuracy(r) for r in results if r.completed)
-    reached = {r.label: first_reaching(r.series, target) for r in results}
+    rule = scenario.target
+    if rule.is_loss:
+        baseline = [r for r in results if r.label == scenario.baseline and r.completed]
+        target = rule.resolve_loss(_final_loss(baseline[0]) if baseline else None)
+        reached = {r.label: first_reaching_loss(r.series, target) for r in results}
+    else:
+        target = rule.resolve(_final_accuracy(r) for r in results if r.completed)
+        reached = {r.label: first_reaching(r.series, target) for r in results}
     base = reached.get(scenario.baseline)
     rows = []
     for result in results:
@@ -199,12 +230,17 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                 "details": result.details[-2000:] if not result.completed else "",
                 "final_accuracy": _final_accuracy(result),
                 "best_accuracy": summary.get("best_accuracy"),
+                "final_loss": _final_loss(result),
+                "best_loss": _best_loss(result),
                 "target": {
-                    "accuracy": target,
+                    "metric": rule.metric,
+                    "accuracy": None if rule.is_loss else target,
+                    "loss": target if rule.is_loss else None,
                     "reached": hit is not None,
                     "sim_time": hit.sim_time if hit else None,
                     "bytes_up": hit.bytes_up if hit else None,
                     "bytes_down": hit.bytes_down if hit else None,
+                    "bytes_total": hit.bytes_total if hit else None,
                 },
                 "ratios_vs_baseline": {
                     "time_to_target": ratio(
@@ -215,6 +251,9 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     ),
                     "downlink_bytes_to_target": ratio(
                         hit.bytes_down if hit else None, base.bytes_down if base else None
+                    ),
+                    "total_bytes_to_target": ratio(
+                        hit.bytes_total if hit else None, base.bytes_total if base else None
                     ),
                 },
                 "sim_time": summary.get("sim_time"),
@@ -229,7 +268,7 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                 "stop_reason": summary.get("stop_reason", ""),
                 "aggregations": summary.get("aggregations", summary.get("num_rounds")),
                 "run_target": summary.get("target"),
-                # [sim_time, cumulative bytes up, cumulative bytes down, accuracy]
+                # [sim_time, cumulative bytes up, cumulative bytes down, accuracy, loss]
                 "evaluations": [p.as_list() for p in result.series],
             }
         )
@@ -241,6 +280,18 @@ def _final_accuracy(result: RunResult) -> float | None:
     if value is None and result.series:
         value = result.series[-1].accuracy
     return None if value is None else float(value)
+
+
+def _final_loss(result: RunResult) -> float | None:
+    value = result.summary.get("final_loss")
+    if value is None and result.series:
+        value = result.series[-1].loss
+    return None if value is None else float(value)
+
+
+def _best_loss(result: RunResult) -> float | None:
+    losses = [p.loss for p in result.series if math.isfinite(p.loss)]
+    return min(losses) if losses else None
 
 
 # --- staleness ------------------------------------------------------------------------------
