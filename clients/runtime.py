@@ -85,6 +85,9 @@ class LocalTraining:
     proximal_mu: float
     max_steps: int | None
     seed: int
+    optimizer: str = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
 
     @classmethod
     def from_task(cls, config: Mapping[str, Any], runtime: ClientRuntime) -> LocalTraining:
@@ -99,6 +102,7 @@ class LocalTraining:
             proximal_mu=get_float(config, protocol.PROXIMAL_MU, settings.proximal_mu),
             max_steps=local_steps if local_steps > 0 else None,
             seed=runtime.task_seed(config),
+            **_optimizer_settings(settings),
         )
 
     @classmethod
@@ -112,6 +116,7 @@ class LocalTraining:
             proximal_mu=task.proximal_mu,
             max_steps=task.local_steps if task.local_steps > 0 else None,
             seed=runtime.seed_for(task.task_seed, task.version),
+            **_optimizer_settings(runtime.settings),
         )
 
     def run(self, model: torch.nn.Module, dataset: ArrayDataset, device: torch.device) -> Any:
@@ -127,7 +132,19 @@ class LocalTraining:
             proximal_mu=self.proximal_mu,
             max_steps=self.max_steps,
             seed=self.seed,
+            optimizer=self.optimizer,
+            betas=self.betas,
+            weight_decay=self.weight_decay,
         )
+
+
+def _optimizer_settings(settings: TrainingSection) -> dict[str, Any]:
+    # The optimizer is the run's, not the task's: every task of a run trains alike.
+    return {
+        "optimizer": settings.client_optimizer,
+        "betas": (settings.client_beta1, settings.client_beta2),
+        "weight_decay": settings.client_weight_decay,
+    }
 
 
 def _limit_threads(node_config: Mapping[str, Any]) -> None:

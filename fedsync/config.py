@@ -27,6 +27,7 @@ import torch
 from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import build_server_optimizer
 from fedsync.aggregation.staleness import parse_staleness
+from fedsync.models.training import CLIENT_OPTIMIZERS
 from fedsync.strategies import STRATEGIES
 
 __all__ = [
@@ -122,7 +123,9 @@ class TrainingSection(Section):
         "`shakespeare`, `synthetic`",
     )
     model: str = key(
-        "auto", "`mlp`, `cnn`, `char-lstm`, `logreg`; `auto` picks one for the dataset"
+        "auto",
+        "`mlp`, `cnn`, `char-lstm` (2x256), `char-lstm-small` (1x128), `logreg`; `auto` "
+        "picks one for the dataset",
     )
     data_dir: str = key(
         "",
@@ -141,8 +144,16 @@ class TrainingSection(Section):
     local_epochs: int = key(3, "local epochs per task")
     local_steps: int = key(0, "cap on local optimizer steps per task (0: no cap)")
     batch_size: int = key(32, "local batch size")
-    learning_rate: float = key(0.1, "local SGD learning rate")
-    momentum: float = key(0.9, "local SGD momentum")
+    learning_rate: float = key(0.1, "local learning rate (SGD or AdamW)")
+    momentum: float = key(0.9, "local SGD momentum (client-optimizer = sgd)")
+    client_optimizer: str = key(
+        "sgd", "local optimizer: sgd (with momentum) / adamw (DiLoCo's inner optimizer)"
+    )
+    client_beta1: float = key(0.9, "AdamW beta1 (client-optimizer = adamw)")
+    client_beta2: float = key(0.999, "AdamW beta2 (client-optimizer = adamw)")
+    client_weight_decay: float = key(
+        0.0, "local weight decay: decoupled with adamw, L2 in the gradient with sgd"
+    )
     proximal_mu: float = key(0.0, "FedProx proximal term mu on the client (0: off)")
     seed: int = key(
         0,
@@ -167,6 +178,20 @@ class TrainingSection(Section):
             _fail("learning-rate", "must be finite and > 0", self.learning_rate)
         if not 0.0 <= self.momentum < 1.0:
             _fail("momentum", "must be in [0, 1)", self.momentum)
+        if self.client_optimizer not in CLIENT_OPTIMIZERS:
+            _fail(
+                "client-optimizer",
+                f"must be one of {', '.join(CLIENT_OPTIMIZERS)}",
+                self.client_optimizer,
+            )
+        for name, beta in (
+            ("client-beta1", self.client_beta1),
+            ("client-beta2", self.client_beta2),
+        ):
+            if not 0.0 <= beta < 1.0:
+                _fail(name, "must be in [0, 1)", beta)
+        if not (math.isfinite(self.client_weight_decay) and self.client_weight_decay >= 0.0):
+            _fail("client-weight-decay", "must be finite and >= 0", self.client_weight_decay)
         if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0.0):
             _fail("proximal-mu", "must be finite and >= 0", self.proximal_mu)
 
@@ -214,9 +239,13 @@ class AsyncSection(Section):
     )
     max_staleness: int = key(-1, "drop updates staler than this many aggregations (-1: no limit)")
     fedasync_alpha: float = key(0.6, "FedAsync mixing alpha in (0, 1]")
-    server_optimizer: str = key("sgd", "sgd / momentum (FedAvgM) / adam (FedAdam)")
-    server_learning_rate: float = key(1.0, "server learning rate eta")
-    server_momentum: float = key(0.9, "FedAvgM momentum beta")
+    server_optimizer: str = key(
+        "sgd", "sgd / momentum (FedAvgM) / nesterov (DiLoCo's outer step) / adam (FedAdam)"
+    )
+    server_learning_rate: float = key(
+        1.0, "server (outer) learning rate eta; DiLoCo uses 0.7 with nesterov"
+    )
+    server_momentum: float = key(0.9, "momentum beta of momentum and nesterov")
     server_update_transform: str = key(
         "none",
         "applied to the aggregated update before the server optimizer: none / sign (DeMo's "
@@ -528,8 +557,8 @@ SECTIONS: tuple[tuple[str, type[Section]], ...] = (
 
 STRATEGY_HELP = (
     "`fedavg`: Flower's own FedAvg, dense float32 (the baseline); any other name is one of "
-    "fedsync's asynchronous strategies (`fedsync.strategies`): teasq, fedbuff, fedasync, "
-    "fedasync-mix"
+    "fedsync's engine strategies (`fedsync.strategies`): teasq, fedbuff, fedasync, "
+    "fedasync-mix (asynchronous), diloco (synchronous rounds of `concurrency` sites)"
 )
 
 

@@ -206,11 +206,22 @@ class AsyncRun:
     # --- dispatch -----------------------------------------------------------------------------
     def _dispatch_ready(self) -> None:
         while self.journal.tasks_dispatched < self._max_tasks:
+            if not self._round_open():
+                return
             node_id = self.scheduler.next_device()
             if node_id is None:
                 return
             self.journal.tasks_dispatched += 1
             self._dispatch(node_id, self.journal.tasks_dispatched)
+
+    def _round_open(self) -> bool:
+        """Whether a task may start from the current model now: always, unless the
+        strategy is synchronous and this version's ``K`` tasks are buffered or in flight
+        (a failed or lost one frees its place, so the round still fills)."""
+        strategy = self.engine.strategy
+        if not strategy.synchronous:
+            return True
+        return len(self.engine.buffer) + self.scheduler.in_flight < strategy.buffer_size
 
     def _dispatch(self, node_id: int, number: int) -> None:
         plan = self.engine.plan_task(node_id, number)

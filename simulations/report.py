@@ -35,9 +35,11 @@ from simulations.scenario import ScenarioError, load_scenario
 
 __all__ = [
     "fmt",
+    "loss_table",
     "main",
     "mb",
     "plot_comparison",
+    "plot_loss",
     "plot_staleness",
     "short_table",
     "write_markdown",
@@ -106,9 +108,48 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
             )
             + " |"
         )
+    if comparison.metric == "loss":
+        lines += loss_table(comparison)
     lines += _staleness_table(comparison)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def loss_table(comparison: Comparison) -> list[str]:
+    """Markdown lines for a loss target: test loss, and the simulated time and total
+    bytes (up + down) each strategy needed to first reach the target loss."""
+    lines = [
+        "",
+        f"Target test loss: **{fmt(comparison.target, '.4f')}** "
+        f"({comparison.scenario.target.describe()}); bytes are up + down.",
+        "",
+        "| strategy | final loss | best loss | final acc | sim s to target | time ratio "
+        "| MB total to target | total-bytes ratio | x fewer total bytes | MB total (run) |",
+        "|" + " --- |" * 10,
+    ]
+    for row in comparison.rows:
+        hit, ratios = row["target"], row["ratios_vs_baseline"]
+        total_ratio = ratios.get("total_bytes_to_target")
+        run_total = (row["total_bytes_up"] or 0) + (row["total_bytes_down"] or 0)
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    row["label"],
+                    fmt(row.get("final_loss"), ".4f"),
+                    fmt(row.get("best_loss"), ".4f"),
+                    fmt(row["final_accuracy"], ".4f"),
+                    fmt(hit["sim_time"], ".1f") if hit["reached"] else "not reached",
+                    fmt(ratios["time_to_target"], ".3f"),
+                    mb(hit.get("bytes_total")) if hit["reached"] else "-",
+                    fmt(total_ratio, ".4f"),
+                    fmt(1.0 / total_ratio, ".1f") if total_ratio else "-",
+                    mb(run_total),
+                ]
+            )
+            + " |"
+        )
+    return lines
 
 
 def short_table(comparison: Comparison) -> str:
@@ -145,7 +186,9 @@ def short_table(comparison: Comparison) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
     target = fmt(comparison.target, ".4f")
-    return "\n".join([f"target accuracy {target} (MB up/down/total: to the target)", *lines])
+    return "\n".join(
+        [f"target {comparison.metric} {target} (MB up/down/total: to the target)", *lines]
+    )
 
 
 def _bin_name(lo: int, hi: int | None) -> str:
@@ -259,6 +302,56 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
     return path
 
 
+def plot_loss(comparison: Comparison, path: Path) -> Path:
+    """``loss.png``: test loss vs simulated time and vs cumulative total bytes (up +
+    down), both x axes logarithmic, with the target loss."""
+    fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
+    for result in comparison.results:
+        points = [p for p in result.series if math.isfinite(p.loss)]
+        if not points:
+            continue
+        label = result.label if result.completed else f"{result.label} ({result.status})"
+        timed = [p for p in points if p.sim_time > 0]
+        (line,) = by_time.plot(
+            [p.sim_time for p in timed],
+            [p.loss for p in timed],
+            marker="o",
+            markersize=2.5,
+            label=label,
+        )
+        sent = [p for p in points if p.bytes_total > 0]
+        by_bytes.plot(
+            [p.bytes_total for p in sent],
+            [p.loss for p in sent],
+            marker="o",
+            markersize=2.5,
+            color=line.get_color(),
+            label=label,
+        )
+    for ax, xlabel in (
+        (by_time, "simulated time (s, log)"),
+        (by_bytes, "cumulative bytes up + down (log)"),
+    ):
+        if comparison.target is not None:
+            ax.axhline(
+                comparison.target,
+                linestyle="--",
+                color="grey",
+                linewidth=1,
+                label=f"target {comparison.target:.3f}",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test loss")
+        ax.grid(alpha=0.3)
+    by_time.legend(loc="upper right", fontsize=8)
+    fig.suptitle(f"{comparison.scenario.name}: test loss vs simulated time and total bytes")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m simulations.report OUT [--add DOC ...] [--runs DIR --scenario NAME
     --scale F]``: write the reports of a comparison again, with today's tables and
@@ -339,6 +432,8 @@ def write_reports(comparison: Comparison, out: Path) -> list[Path]:
         write_markdown(comparison, out / "comparison.md"),
         plot_comparison(comparison, out / "comparison.png"),
     ]
+    if comparison.metric == "loss":
+        written.append(plot_loss(comparison, out / "loss.png"))
     staleness = plot_staleness(comparison, out / "staleness.png")
     return written + ([staleness] if staleness is not None else [])
 

@@ -29,6 +29,7 @@ __all__ = [
     "build_comparison",
     "evaluation_entries",
     "first_reaching",
+    "first_reaching_loss",
     "load_comparison",
     "ratio",
     "read_run",
@@ -50,6 +51,12 @@ class EvalPoint:
     bytes_up: int
     bytes_down: int
     accuracy: float
+    loss: float = math.nan
+
+    @property
+    def bytes_total(self) -> int:
+        """Cumulative bytes both ways (uplink + downlink)."""
+        return self.bytes_up + self.bytes_down
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any]) -> EvalPoint:
@@ -59,16 +66,12 @@ class EvalPoint:
             bytes_up=int(entry.get("cumulative_bytes_up", 0)),
             bytes_down=int(entry.get("cumulative_bytes_down", 0)),
             accuracy=float(entry.get("accuracy", math.nan)),
+            loss=float(entry.get("loss", math.nan)),
         )
 
-    @property
-    def bytes_total(self) -> int:
-        """Cumulative bytes both ways (uplink + downlink)."""
-        return self.bytes_up + self.bytes_down
-
     def as_list(self) -> list[float | int]:
-        """``[sim_time, bytes_up, bytes_down, accuracy]`` (compact, for the JSON)."""
-        return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy]
+        """``[sim_time, bytes_up, bytes_down, accuracy, loss]`` (compact, for the JSON)."""
+        return [self.sim_time, self.bytes_up, self.bytes_down, self.accuracy, self.loss]
 
 
 def evaluation_entries(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -96,6 +99,16 @@ def first_reaching(series: Sequence[EvalPoint], target: float | None) -> EvalPoi
         return None
     for point in series:
         if point.accuracy >= target:
+            return point
+    return None
+
+
+def first_reaching_loss(series: Sequence[EvalPoint], target: float | None) -> EvalPoint | None:
+    """The first evaluation whose test loss is at most ``target`` (``None``: never)."""
+    if target is None:
+        return None
+    for point in series:
+        if point.loss <= target:
             return point
     return None
 
@@ -155,6 +168,11 @@ class Comparison:
     results: list[RunResult]
 
     @property
+    def metric(self) -> str:
+        """What :attr:`target` is: ``"accuracy"``, or ``"loss"`` (lower is better)."""
+        return self.scenario.target.metric
+
+    @property
     def all_completed(self) -> bool:
         """Whether every strategy's run completed."""
         return bool(self.results) and all(r.completed for r in self.results)
@@ -173,7 +191,9 @@ class Comparison:
             "scenario": scenario.name,
             "description": scenario.description,
             "target_rule": {"kind": scenario.target.kind, "value": scenario.target.value},
-            "target_accuracy": self.target,
+            "target_metric": self.metric,
+            "target_accuracy": self.target if self.metric == "accuracy" else None,
+            "target_loss": self.target if self.metric == "loss" else None,
             "baseline": scenario.baseline,
             "scale": scenario.scale,
             "federation": dict(scenario.federation),
@@ -192,8 +212,14 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
     results : sequence of RunResult
         One per strategy run (failed ones included: they get a row that says so).
     """
-    target = scenario.target.resolve(_final_accuracy(r) for r in results if r.completed)
-    reached = {r.label: first_reaching(r.series, target) for r in results}
+    rule = scenario.target
+    if rule.is_loss:
+        baseline = [r for r in results if r.label == scenario.baseline and r.completed]
+        target = rule.resolve_loss(_final_loss(baseline[0]) if baseline else None)
+        reached = {r.label: first_reaching_loss(r.series, target) for r in results}
+    else:
+        target = rule.resolve(_final_accuracy(r) for r in results if r.completed)
+        reached = {r.label: first_reaching(r.series, target) for r in results}
     base = reached.get(scenario.baseline)
     rows = []
     for result in results:
@@ -208,8 +234,12 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                 "details": result.details[-2000:] if not result.completed else "",
                 "final_accuracy": _final_accuracy(result),
                 "best_accuracy": summary.get("best_accuracy"),
+                "final_loss": _final_loss(result),
+                "best_loss": _best_loss(result),
                 "target": {
-                    "accuracy": target,
+                    "metric": rule.metric,
+                    "accuracy": None if rule.is_loss else target,
+                    "loss": target if rule.is_loss else None,
                     "reached": hit is not None,
                     "sim_time": hit.sim_time if hit else None,
                     "bytes_up": hit.bytes_up if hit else None,
@@ -242,7 +272,7 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                 "stop_reason": summary.get("stop_reason", ""),
                 "aggregations": summary.get("aggregations", summary.get("num_rounds")),
                 "run_target": summary.get("target"),
-                # [sim_time, cumulative bytes up, cumulative bytes down, accuracy]
+                # [sim_time, cumulative bytes up, cumulative bytes down, accuracy, loss]
                 "evaluations": [p.as_list() for p in result.series],
             }
         )
@@ -309,9 +339,9 @@ def runs_of(document: Mapping[str, Any]) -> list[RunResult]:
         summary = {key: row[key] for key in _SUMMARY_KEYS if row.get(key) is not None}
         if row.get("run_target") is not None:
             summary["target"] = row["run_target"]
-        series = [
-            EvalPoint(float(t), int(up), int(down), float(acc))
-            for t, up, down, acc in row.get("evaluations", [])
+        series = [  # four numbers per point before losses were kept, five since
+            EvalPoint(float(t), int(up), int(down), float(acc), *(float(x) for x in loss[:1]))
+            for t, up, down, acc, *loss in row.get("evaluations", [])
         ]
         results.append(
             RunResult(
@@ -350,6 +380,18 @@ def _final_accuracy(result: RunResult) -> float | None:
     if value is None and result.series:
         value = result.series[-1].accuracy
     return None if value is None else float(value)
+
+
+def _final_loss(result: RunResult) -> float | None:
+    value = result.summary.get("final_loss")
+    if value is None and result.series:
+        value = result.series[-1].loss
+    return None if value is None else float(value)
+
+
+def _best_loss(result: RunResult) -> float | None:
+    losses = [p.loss for p in result.series if math.isfinite(p.loss)]
+    return min(losses) if losses else None
 
 
 # --- staleness ------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "StrategySpec",
+    "TargetKind",
     "TargetRule",
     "app_run_config_defaults",
     "load_scenario",
@@ -98,45 +99,78 @@ class ScenarioError(ValueError):
     """A scenario file is missing, malformed, or names a bad key or value."""
 
 
+TargetKind = Literal["accuracy", "fraction-of-best", "loss-of-baseline"]
+"""How a comparison's target is fixed (:class:`TargetRule`)."""
+
+
 @dataclass(frozen=True)
 class TargetRule:
-    """How the target accuracy of a comparison is fixed.
+    """How the target of a comparison is fixed.
 
     Parameters
     ----------
-    kind : {"accuracy", "fraction-of-best"}
-        ``"accuracy"``: ``value`` is the target itself; ``"fraction-of-best"``: the
-        target is ``value`` times the best final accuracy any strategy reached, known
-        only once every run is done.
+    kind : {"accuracy", "fraction-of-best", "loss-of-baseline"}
+        ``"accuracy"``: ``value`` is the target accuracy itself; ``"fraction-of-best"``:
+        the target accuracy is ``value`` times the best final accuracy any strategy
+        reached; ``"loss-of-baseline"``: the target is a test *loss*, ``value`` times the
+        baseline's final test loss (``1.02``: within 2 % of it), reached by the first
+        evaluation at or below it. The relative ones are known only once every run is done.
     value : float
-        In ``(0, 1]``.
+        In ``(0, 1]`` for the accuracy kinds, in ``[1, 10]`` for ``loss-of-baseline``.
     """
 
-    kind: Literal["accuracy", "fraction-of-best"]
+    kind: TargetKind
     value: float
 
     def __post_init__(self) -> None:
-        if self.kind not in ("accuracy", "fraction-of-best"):
+        if self.kind not in ("accuracy", "fraction-of-best", "loss-of-baseline"):
             raise ScenarioError(
-                f"target kind must be 'accuracy' or 'fraction-of-best', got {self.kind!r}"
+                "target kind must be 'accuracy', 'fraction-of-best' or 'loss-of-baseline', "
+                f"got {self.kind!r}"
             )
-        if not (math.isfinite(self.value) and 0.0 < self.value <= 1.0):
+        if self.is_loss:
+            if not (math.isfinite(self.value) and 1.0 <= self.value <= 10.0):
+                raise ScenarioError(f"[target] {self.kind} must be in [1, 10], got {self.value!r}")
+        elif not (math.isfinite(self.value) and 0.0 < self.value <= 1.0):
             raise ScenarioError(f"[target] {self.kind} must be in (0, 1], got {self.value!r}")
+
+    @property
+    def is_loss(self) -> bool:
+        """Whether the target is a test loss (lower is better) rather than an accuracy."""
+        return self.kind == "loss-of-baseline"
+
+    @property
+    def metric(self) -> Literal["accuracy", "loss"]:
+        """The evaluation metric the target is on."""
+        return "loss" if self.is_loss else "accuracy"
 
     def resolve(self, final_accuracies: Iterable[float | None]) -> float | None:
         """The target accuracy, given every run's final accuracy (``None``: no result).
 
         Returns ``None`` when the rule is relative and no run produced an accuracy.
+        Loss targets are fixed by :meth:`resolve_loss`.
         """
         if self.kind == "accuracy":
             return self.value
+        if self.is_loss:
+            raise ScenarioError("a loss target is fixed by resolve_loss, not resolve")
         finals = [a for a in final_accuracies if a is not None and math.isfinite(a)]
         return self.value * max(finals) if finals else None
+
+    def resolve_loss(self, baseline_final_loss: float | None) -> float | None:
+        """The target test loss from the baseline's final loss (``None``: no baseline)."""
+        if not self.is_loss:
+            raise ScenarioError(f"a {self.kind} target is an accuracy, not a loss")
+        if baseline_final_loss is None or not math.isfinite(baseline_final_loss):
+            return None
+        return self.value * baseline_final_loss
 
     def describe(self) -> str:
         """One line for reports."""
         if self.kind == "accuracy":
             return f"accuracy {self.value:g}"
+        if self.is_loss:
+            return f"test loss <= {self.value:g} x the baseline's final test loss"
         return f"{self.value:g} x the best final accuracy of any strategy"
 
 
@@ -443,14 +477,16 @@ def _federation(table: Mapping[str, Any], where: str) -> dict[str, RunConfigValu
 def _target(table: Any, where: str) -> TargetRule:
     if not isinstance(table, Mapping):
         raise ScenarioError(
-            f"{where}: needs a [target] table with 'accuracy' or 'fraction-of-best'"
+            f"{where}: needs a [target] table with 'accuracy', 'fraction-of-best' or "
+            "'loss-of-baseline'"
         )
     keys = sorted(table)
-    if keys not in (["accuracy"], ["fraction-of-best"]):
+    if keys not in (["accuracy"], ["fraction-of-best"], ["loss-of-baseline"]):
         raise ScenarioError(
-            f"{where} [target]: set exactly one of 'accuracy', 'fraction-of-best'; got {keys}"
+            f"{where} [target]: set exactly one of 'accuracy', 'fraction-of-best', "
+            f"'loss-of-baseline'; got {keys}"
         )
-    kind = cast(Literal["accuracy", "fraction-of-best"], keys[0])
+    kind = cast(TargetKind, keys[0])
     value = table[kind]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScenarioError(f"{where} [target]: '{kind}' must be a number, got {value!r}")

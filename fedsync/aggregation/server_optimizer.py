@@ -6,6 +6,9 @@ minus start model) -- the negative of the pseudo-gradient. The server then steps
 * ``sgd`` (plain, FedAvg/FedBuff): ``x += η Δ``.
 * ``momentum`` (FedAvgM, Hsu et al. 2019): ``v = β v + Δ``; ``x += η v``
   (Nesterov: ``x += η (Δ + β v)``).
+* ``nesterov`` (DiLoCo's outer optimizer, Douillard et al. 2023): the momentum update
+  with the Nesterov look-ahead; with ``Δ = -g`` it is PyTorch's ``SGD(nesterov=True)``
+  on the pseudo-gradient ``g`` (DiLoCo: ``η = 0.7``, ``β = 0.9``).
 * ``adam`` (FedAdam, Reddi et al. 2021, Algorithm 2): ``m = β1 m + (1-β1) Δ``;
   ``v = β2 v + (1-β2) Δ²``; ``x += η m / (sqrt(v) + τ)``; the paper has no bias
   correction, and it is off by default here too.
@@ -215,6 +218,12 @@ class ServerMomentum(ServerOptimizer):
     def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"velocity": self._velocity}
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(learning_rate={self.learning_rate}, "
+            f"momentum={self.momentum}, nesterov={self.nesterov})"
+        )
+
 
 class ServerAdam(ServerOptimizer):
     """FedAdam: adaptive server steps from first and second moments of ``Δ``.
@@ -280,6 +289,7 @@ SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     "plain": ServerSGD,
     "momentum": ServerMomentum,
     "fedavgm": ServerMomentum,
+    "nesterov": ServerMomentum,
     "adam": ServerAdam,
     "fedadam": ServerAdam,
 }
@@ -305,13 +315,19 @@ def build_server_optimizer(
     ValueError
         If the name or the transform is unknown or a hyper-parameter is out of range.
     """
-    cls = SERVER_OPTIMIZERS.get(name.strip().lower())
+    key = name.strip().lower()
+    cls = SERVER_OPTIMIZERS.get(key)
     if cls is None:
         raise ValueError(
             f"unknown server optimizer {name!r}; known: {', '.join(sorted(SERVER_OPTIMIZERS))}"
         )
     if cls is ServerMomentum:
-        return ServerMomentum(learning_rate=learning_rate, momentum=momentum, transform=transform)
+        return ServerMomentum(
+            learning_rate=learning_rate,
+            momentum=momentum,
+            nesterov=key == "nesterov",
+            transform=transform,
+        )
     if cls is ServerAdam:
         return ServerAdam(
             learning_rate=learning_rate, beta1=beta1, beta2=beta2, tau=tau, transform=transform

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedsync.data.registry import dataset_info
-from fedsync.models.char_lstm import CharLSTM
+from fedsync.models.char_lstm import CharLSTM, small_char_lstm
 from fedsync.models.cnn import LeNet5
 from fedsync.models.logreg import LogisticRegression
 from fedsync.models.mlp import MLP
@@ -23,6 +23,7 @@ _REGISTRY: dict[str, ModelFactory] = {
     "mlp": MLP,
     "cnn": LeNet5,
     "char-lstm": CharLSTM,
+    "char-lstm-small": small_char_lstm,
     "logreg": LogisticRegression,
 }
 

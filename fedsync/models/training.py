@@ -1,7 +1,7 @@
 """Local training and evaluation loops shared by the ClientApp and the ServerApp.
 
-Plain SGD over in-memory arrays: the tensors are built once per call from numpy and
-moved to the device once, and batches are drawn by indexing them with a seeded
+SGD (with momentum) or AdamW over in-memory arrays: the tensors are built once per call
+from numpy and moved to the device once, and batches are drawn by indexing them with a seeded
 permutation -- no ``DataLoader``, no worker processes, no per-batch host-to-device
 copies. Thread counts are the caller's business (``torch.set_num_threads``).
 """
@@ -9,7 +9,7 @@ copies. Thread counts are the caller's business (``torch.set_num_threads``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Final, TypedDict
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedsync.data.types import ArrayDataset
+
+CLIENT_OPTIMIZERS: Final = ("sgd", "adamw")
+"""Local optimizers :func:`train` can use (the ``client-optimizer`` run-config values)."""
 
 GlobalParams = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 """The reference point of the proximal term: tensors in ``model.parameters()`` order,
@@ -71,8 +74,10 @@ def train(
     seed: int = 0,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = None,
+    optimizer: str = "sgd",
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> TrainResult:
-    """Train ``model`` in place with mini-batch SGD on cross-entropy.
+    """Train ``model`` in place with mini-batch SGD or AdamW on cross-entropy.
 
     Parameters
     ----------
@@ -85,7 +90,8 @@ def train(
     batch_size : int
         Samples per step; the last batch of an epoch may be smaller.
     lr, momentum, weight_decay : float
-        SGD settings.
+        Learning rate, SGD momentum (ignored by AdamW) and weight decay (SGD: L2 added
+        to the gradient; AdamW: decoupled, ``w -= lr * weight_decay * w``).
     device : torch.device or str
         Where to train.
     proximal_mu : float
@@ -99,6 +105,11 @@ def train(
         Seeds the batch order, so the same call gives the same model.
     max_grad_norm : float, optional
         Clip the gradient norm (useful for the LSTM).
+    optimizer : {"sgd", "adamw"}
+        The local optimizer, built fresh for the call (a task starts from fresh
+        optimizer state).
+    betas : tuple of float
+        AdamW's moment decay rates.
 
     Returns
     -------
@@ -110,6 +121,8 @@ def train(
         raise ValueError(f"max_steps must be >= 0, got {max_steps}")
     if proximal_mu < 0:
         raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
+    if optimizer not in CLIENT_OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {CLIENT_OPTIMIZERS}, got {optimizer!r}")
     model.to(device)
     model.train()
     n = len(dataset)
@@ -119,7 +132,7 @@ def train(
     x, y = as_tensors(dataset, device)
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = _anchor(model, params, global_params) if proximal_mu > 0 else []
-    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    step_rule = _optimizer(optimizer, params, lr, momentum, weight_decay, betas)
     generator = torch.Generator().manual_seed(seed)
 
     loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
@@ -128,7 +141,7 @@ def train(
         order = torch.randperm(n, generator=generator).to(device)
         for start in range(0, n, batch_size):
             batch = order[start : start + batch_size]
-            optimizer.zero_grad(set_to_none=True)
+            step_rule.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x[batch]), y[batch])
             if anchor:
                 (loss + _proximal(params, anchor, proximal_mu)).backward()
@@ -136,7 +149,7 @@ def train(
                 loss.backward()
             if max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(params, max_grad_norm)
-            optimizer.step()
+            step_rule.step()
             loss_sum += loss.detach() * len(batch)
             seen += len(batch)
             steps += 1
@@ -180,6 +193,19 @@ def evaluate(
     finally:
         model.train(was_training)
     return EvalResult(loss=float(loss_sum) / n, accuracy=int(correct) / n, num_examples=n)
+
+
+def _optimizer(
+    name: str,
+    params: Sequence[torch.Tensor],
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def _anchor(

@@ -5,13 +5,14 @@ own FedAvg (``fedavg``) is the synchronous baseline and lives in ``server/``.
 """
 
 from fedsync.strategies.base import Arrival, Contribution, Strategy
+from fedsync.strategies.diloco import DiLoCo
 from fedsync.strategies.fedasync import FedAsync
 from fedsync.strategies.fedasync_mix import FedAsyncMix
 from fedsync.strategies.fedbuff import FedBuff
 from fedsync.strategies.teasq import TEASQ
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (TEASQ, FedBuff, FedAsync, FedAsyncMix)
+    cls.name: cls for cls in (TEASQ, FedBuff, FedAsync, FedAsyncMix, DiLoCo)
 }
 """Strategy classes by run-config name."""
 
@@ -20,6 +21,7 @@ __all__ = [
     "TEASQ",
     "Arrival",
     "Contribution",
+    "DiLoCo",
     "FedAsync",
     "FedAsyncMix",
     "FedBuff",

@@ -72,12 +72,17 @@ class Strategy:
     needs_start_model : bool
         :meth:`contribution` needs the model each update started from (the engine then
         keeps the decoded downlink of every task in flight).
+    synchronous : bool
+        Rounds: the server's loop plans no task from a model version once ``K`` tasks of
+        it are buffered or in flight, so the next tasks start from the stepped model and
+        every update has staleness 0.
     """
 
     name: ClassVar[str] = ""
     normalization: ClassVar[Normalization] = "count"
     decaying_compression: ClassVar[bool] = False
     needs_start_model: ClassVar[bool] = False
+    synchronous: ClassVar[bool] = False
 
     def __init__(self, settings: AsyncSection) -> None:
         self.concurrency = settings.concurrency
@@ -136,4 +141,5 @@ class Strategy:
             "max_staleness": self.max_staleness,
             "normalization": self.normalization,
             "decaying_compression": self.decaying_compression,
+            "synchronous": self.synchronous,
         }

@@ -52,7 +52,7 @@ def test_char_lstm_accepts_uint8_ids() -> None:
 
 
 def test_default_models() -> None:
-    assert model_names() == ("char-lstm", "cnn", "logreg", "mlp")
+    assert model_names() == ("char-lstm", "char-lstm-small", "cnn", "logreg", "mlp")
     assert default_model_for("digits") == "mlp"
     assert default_model_for("mnist") == default_model_for("fashion-mnist") == "cnn"
     assert default_model_for("shakespeare") == "char-lstm"
@@ -62,7 +62,7 @@ def test_default_models() -> None:
 
 
 def test_bad_names() -> None:
-    with pytest.raises(ValueError, match="valid: char-lstm, cnn, logreg, mlp"):
+    with pytest.raises(ValueError, match="valid: char-lstm, char-lstm-small, cnn, logreg, mlp"):
         build_model("resnet-9000", 10, (64,))
     with pytest.raises(ValueError, match="needs the dataset"):
         build_model("auto", 10, (64,))
@@ -196,3 +196,9 @@ def test_centralized_mlp_on_digits_reaches_95_percent() -> None:
     assert result["accuracy"] >= 0.95, result
     assert result["num_examples"] == 360
     assert elapsed < 30  # typically well under a second; generous for loaded CI machines
+
+
+def test_char_lstm_small_is_one_layer_of_128() -> None:
+    model = build_model("char-lstm-small", 64, (80,), seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 79_424
+    assert model(torch.randint(0, 64, (3, 80))).shape == (3, 64)
