@@ -281,7 +281,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
         (by_time, "simulated time (s, log)"),
         (by_bytes, "cumulative bytes, uplink + downlink (log)"),
     ):
-        if comparison.target is not None:
+        if comparison.target is not None and comparison.metric == "accuracy":
             ax.axhline(
                 comparison.target,
                 linestyle="--",
