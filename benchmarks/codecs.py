@@ -64,6 +64,7 @@ DRAM, as for an update that has left the cache), ``warm`` runs the call once fir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -71,7 +72,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -519,27 +520,13 @@ def _kept(payload: bytes) -> int:
 
 def run_dct(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
     """The DCT rows at every size and density under one clock (as in :func:`run`)."""
-    global CLOCK
-    threads = numba.get_num_threads(), torch.get_num_threads()
-    if clock == "cpu":
-        numba.set_num_threads(1)
-        torch.set_num_threads(1)
-        CLOCK = time.thread_time
-    try:
-        info = machine()
-        info["clock"] = clock
-        info["cache"] = CACHE
-        info["input"] = INPUT
+    with clocked(clock) as info:
         cases = []
         for n in sizes:
             for density in DENSITIES:
                 cases.append(bench_dct_case(n, density, reps, warmup))
                 print(f"done: dct {clock} {n} @ {density}", file=sys.stderr)
         info["load_average_end"] = os.getloadavg()
-    finally:
-        numba.set_num_threads(threads[0])
-        torch.set_num_threads(threads[1])
-        CLOCK = time.perf_counter
     return {"machine": info, "cases": cases}
 
 
@@ -943,18 +930,12 @@ def print_table(cases: list[dict[str, Any]]) -> None:
         print()
 
 
-def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
-    """Every case under one clock.
-
-    ``wall``: wall-clock time with the default threads (2 numba, 2 torch): what a user
-    sees on an idle machine. ``cpu``: CPU time of the calling thread with numba and
-    torch both on one thread, so every method runs on the calling thread and the
-    number is its CPU cost, which a neighbour's load barely moves (a shared machine
-    stretches wall time, not CPU time) -- a per-core comparison.
-    """
-    global CLOCK, IDLE_ROUNDS, ROUNDS
-    numba_threads, torch_threads = numba.get_num_threads(), torch.get_num_threads()
-    IDLE_ROUNDS = ROUNDS = 0
+@contextlib.contextmanager
+def clocked(clock: str) -> Iterator[dict[str, Any]]:
+    """Time with ``clock`` (see :func:`run`) inside the block; yields the machine record
+    (the clock, cache and input modes filled in); threads and clock restored after."""
+    global CLOCK
+    threads = numba.get_num_threads(), torch.get_num_threads()
     if clock == "cpu":
         numba.set_num_threads(1)
         torch.set_num_threads(1)
@@ -966,6 +947,25 @@ def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
         info["clock"] = clock
         info["cache"] = CACHE
         info["input"] = INPUT
+        yield info
+    finally:
+        numba.set_num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+        CLOCK = time.perf_counter
+
+
+def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
+    """Every case under one clock.
+
+    ``wall``: wall-clock time with the default threads (2 numba, 2 torch): what a user
+    sees on an idle machine. ``cpu``: CPU time of the calling thread with numba and
+    torch both on one thread, so every method runs on the calling thread and the
+    number is its CPU cost, which a neighbour's load barely moves (a shared machine
+    stretches wall time, not CPU time) -- a per-core comparison.
+    """
+    global IDLE_ROUNDS, ROUNDS
+    IDLE_ROUNDS = ROUNDS = 0
+    with clocked(clock) as info:
         cases = []
         for n in sizes:
             for density in DENSITIES:
@@ -975,10 +975,6 @@ def run(clock: str, sizes: list[int], reps: int, warmup: int) -> dict[str, Any]:
         info["gate_seconds"] = GATE_SECONDS
         info["rounds_started_idle"] = f"{IDLE_ROUNDS}/{ROUNDS}"
         info["numba_threading_layer"] = numba.threading_layer()  # known once a kernel ran
-    finally:
-        numba.set_num_threads(numba_threads)
-        torch.set_num_threads(torch_threads)
-        CLOCK = time.perf_counter
     return {"machine": info, "cases": cases, "targets": targets(cases)}
 
 
