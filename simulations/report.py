@@ -253,25 +253,38 @@ def plot_staleness(comparison: Comparison, path: Path) -> Path | None:
 def plot_comparison(comparison: Comparison, path: Path) -> Path:
     """``comparison.png``: accuracy vs simulated time and vs cumulative total bytes,
     uplink plus downlink (both axes logarithmic)."""
+    return _plot_metric(comparison, path, "accuracy")
+
+
+def plot_loss(comparison: Comparison, path: Path) -> Path:
+    """``loss.png``: test loss vs simulated time and vs cumulative total bytes (up +
+    down), both x axes logarithmic, with the target loss."""
+    return _plot_metric(comparison, path, "loss")
+
+
+def _plot_metric(comparison: Comparison, path: Path, metric: str) -> Path:
+    """``metric`` (``accuracy`` or ``loss``) of every run against simulated time and
+    against cumulative bytes up + down; the target line when it is a ``metric`` target."""
     fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
     for result in comparison.results:
-        if not result.series:
+        points = [p for p in result.series if math.isfinite(getattr(p, metric))]
+        if not points:
             continue
         label = result.label if result.completed else f"{result.label} ({result.status})"
         # Log axes: FedAvg's rounds and the asynchronous runs differ by orders of
         # magnitude; neither can show the evaluation at time 0, before any upload.
-        timed = [(p.sim_time, p.accuracy) for p in result.series if p.sim_time > 0]
+        timed = [p for p in points if p.sim_time > 0]
         (line,) = by_time.plot(
-            [t for t, _ in timed],
-            [a for _, a in timed],
+            [p.sim_time for p in timed],
+            [getattr(p, metric) for p in timed],
             marker="o",
             markersize=2.5,
             label=label,
         )
-        sent = [(p.bytes_total, p.accuracy) for p in result.series if p.bytes_total > 0]
+        sent = [p for p in points if p.bytes_total > 0]
         by_bytes.plot(
-            [b for b, _ in sent],
-            [a for _, a in sent],
+            [p.bytes_total for p in sent],
+            [getattr(p, metric) for p in sent],
             marker="o",
             markersize=2.5,
             color=line.get_color(),
@@ -281,58 +294,7 @@ def plot_comparison(comparison: Comparison, path: Path) -> Path:
         (by_time, "simulated time (s, log)"),
         (by_bytes, "cumulative bytes, uplink + downlink (log)"),
     ):
-        if comparison.target is not None and comparison.metric == "accuracy":
-            ax.axhline(
-                comparison.target,
-                linestyle="--",
-                color="grey",
-                linewidth=1,
-                label=f"target {comparison.target:.3f}",
-            )
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-    by_time.set_xscale("log")
-    by_bytes.set_xscale("log")
-    by_time.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{comparison.scenario.name}: accuracy vs simulated time and total bytes")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def plot_loss(comparison: Comparison, path: Path) -> Path:
-    """``loss.png``: test loss vs simulated time and vs cumulative total bytes (up +
-    down), both x axes logarithmic, with the target loss."""
-    fig, (by_time, by_bytes) = plt.subplots(1, 2, figsize=(11.0, 4.2), dpi=110)
-    for result in comparison.results:
-        points = [p for p in result.series if math.isfinite(p.loss)]
-        if not points:
-            continue
-        label = result.label if result.completed else f"{result.label} ({result.status})"
-        timed = [p for p in points if p.sim_time > 0]
-        (line,) = by_time.plot(
-            [p.sim_time for p in timed],
-            [p.loss for p in timed],
-            marker="o",
-            markersize=2.5,
-            label=label,
-        )
-        sent = [p for p in points if p.bytes_total > 0]
-        by_bytes.plot(
-            [p.bytes_total for p in sent],
-            [p.loss for p in sent],
-            marker="o",
-            markersize=2.5,
-            color=line.get_color(),
-            label=label,
-        )
-    for ax, xlabel in (
-        (by_time, "simulated time (s, log)"),
-        (by_bytes, "cumulative bytes up + down (log)"),
-    ):
-        if comparison.target is not None:
+        if comparison.target is not None and comparison.metric == metric:
             ax.axhline(
                 comparison.target,
                 linestyle="--",
@@ -342,10 +304,11 @@ def plot_loss(comparison: Comparison, path: Path) -> Path:
             )
         ax.set_xscale("log")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test loss")
+        ax.set_ylabel(f"test {metric}")
         ax.grid(alpha=0.3)
-    by_time.legend(loc="upper right", fontsize=8)
-    fig.suptitle(f"{comparison.scenario.name}: test loss vs simulated time and total bytes")
+    by_time.legend(loc="lower right" if metric == "accuracy" else "upper right", fontsize=8)
+    name = "accuracy" if metric == "accuracy" else "test loss"
+    fig.suptitle(f"{comparison.scenario.name}: {name} vs simulated time and total bytes")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
