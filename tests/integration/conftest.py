@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from simulations.results import Comparison, RunResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +32,33 @@ def live_group_members(pgids: Iterable[int]) -> list[int]:
         if pgid in wanted and state != "Z":
             alive.append(int(entry.name))
     return alive
+
+
+def run_comparison(name: str, tmp_path: Path) -> tuple[Comparison, list[RunResult]]:
+    """Run a shipped scenario through the real app, as ``python -m simulations.compare``
+    does; write its reports to ``tmp_path/out``.
+
+    Asserts that the runner started processes and left none running (checked even when
+    a run raised), and that every run completed.
+    """
+    from simulations.compare import ComparisonRunner
+    from simulations.report import write_reports
+    from simulations.results import build_comparison
+    from simulations.scenario import load_scenario
+
+    scenario = load_scenario(name)
+    runner = ComparisonRunner(scenario, tmp_path / "runs")
+    try:
+        results = runner.run()
+    finally:
+        assert runner.started_pids
+        assert live_group_members(runner.started_pids) == []
+    comparison = build_comparison(scenario, results)
+    write_reports(comparison, tmp_path / "out")
+    for result in results:
+        assert result.completed, f"{result.label}: {result.status}\n{result.details}"
+    assert [r.label for r in results] == scenario.labels
+    return comparison, results
 
 
 @pytest.fixture

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.compare import ComparisonRunner
-from simulations.report import write_reports
-from simulations.results import build_comparison
 from simulations.scenario import load_scenario
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import run_comparison
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,20 +29,8 @@ def test_teasq_beats_fedavg_to_the_target(
         request.getfixturevalue("shared_data_dir")  # skips without ../shared/data
     scenario = load_scenario(name)
     assert {s.strategy for s in scenario.strategies} == {"fedavg", "fedbuff", "fedasync", "teasq"}
-    runner = ComparisonRunner(scenario, tmp_path / "runs")
-    try:
-        results = runner.run()
-    finally:
-        # Checked even when a run raised: the SuperLink and its children must be gone.
-        assert runner.started_pids
-        assert live_group_members(runner.started_pids) == []
-
-    comparison = build_comparison(scenario, results)
-    write_reports(comparison, tmp_path / "out")
-    for result in results:
-        assert result.completed, f"{result.label}: {result.status}\n{result.details}"
+    comparison, results = run_comparison(name, tmp_path)
     assert comparison.all_completed
-    assert [r.label for r in results] == scenario.labels
 
     # Every node answered the probe with its profile: the summary lists each device's
     # torch device next to its task times.
@@ -77,18 +62,8 @@ def test_on_slow_uplinks_teasq_beats_fedavg_on_time_and_total_bytes(
     """The link-bound edge scenario's twin (``fmnist-iot-ci``): FedAvg against TEASQ mode on
     12 devices of the IoT-uplink fleet, tasks of about the full scenario's size; the
     ordering to the target, in simulated time and in bytes both ways."""
-    scenario = load_scenario("fmnist-iot-ci")
-    assert scenario.labels == ["fedavg", "teasq"]
-    runner = ComparisonRunner(scenario, tmp_path / "runs")
-    try:
-        results = runner.run()
-    finally:
-        assert runner.started_pids
-        assert live_group_members(runner.started_pids) == []
-    comparison = build_comparison(scenario, results)
-    write_reports(comparison, tmp_path / "out")
-    for result in results:
-        assert result.completed, f"{result.label}: {result.status}\n{result.details}"
+    assert load_scenario("fmnist-iot-ci").labels == ["fedavg", "teasq"]
+    comparison, _ = run_comparison("fmnist-iot-ci", tmp_path)
 
     fedavg, teasq = comparison.row("fedavg"), comparison.row("teasq")
     assert fedavg["target"]["reached"], fedavg

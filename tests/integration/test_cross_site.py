@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.compare import ComparisonRunner
-from simulations.report import write_reports
-from simulations.results import build_comparison
 from simulations.scenario import load_scenario
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import run_comparison
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -31,17 +28,7 @@ def test_fedsync_beats_dense_diloco_to_the_target_loss(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     scenario = load_scenario("cross-site-ci")
     assert {s.strategy for s in scenario.strategies} == {"diloco", "fedbuff"}
-    runner = ComparisonRunner(scenario, tmp_path / "runs")
-    try:
-        results = runner.run()
-    finally:
-        assert runner.started_pids
-        assert live_group_members(runner.started_pids) == []
-
-    comparison = build_comparison(scenario, results)
-    write_reports(comparison, tmp_path / "out")
-    for result in results:
-        assert result.completed, f"{result.label}: {result.status}\n{result.details}"
+    comparison, _ = run_comparison("cross-site-ci", tmp_path)
     assert comparison.metric == "loss" and comparison.target is not None
 
     dense, fedsync = comparison.row("diloco-dense"), comparison.row("fedsync-int8")
