@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -59,6 +59,40 @@ def run_comparison(name: str, tmp_path: Path) -> tuple[Comparison, list[RunResul
         assert result.completed, f"{result.label}: {result.status}\n{result.details}"
     assert [r.label for r in results] == scenario.labels
     return comparison, results
+
+
+def run_simulation(
+    tmp_path: Path,
+    project_root: Path,
+    run_config: dict[str, Any],
+    *,
+    name: str = "sim",
+    nodes: int = 3,
+    timeout: float = 480.0,
+) -> Path:
+    """One ``flwr run`` of the app on Flower's simulation engine (``nodes`` SuperNodes)
+    through a local SuperLink; returns the run's results folder.
+
+    Asserts that the run completed and that nothing the SuperLink started is left.
+    """
+    from fedsync.deploy import LocalSuperLink
+
+    results = tmp_path / "results"
+    link = LocalSuperLink(tmp_path / "run", simulation=True)
+    link.start()
+    pids = [link.process.pid] if link.process else []
+    try:
+        outcome = link.run_app(
+            project_root,
+            {**run_config, "results-dir": str(results), "run-name": name},
+            federation_config={"num-supernodes": nodes, "client-resources-num-cpus": 1},
+            timeout=timeout,
+        )
+    finally:
+        link.stop()
+    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
+    assert live_group_members(pids) == []
+    return results / name
 
 
 @pytest.fixture

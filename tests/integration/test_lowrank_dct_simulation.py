@@ -15,11 +15,10 @@ import torch
 
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
-from fedsync.deploy import LocalSuperLink
 from fedsync.reports import read_events
 from fedsync.task import model_for, model_state
 from fedsync.wire import decode_frame
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -43,22 +42,7 @@ BASE: dict[str, Any] = {
 
 def simulate(tmp_path: Path, project_root: Path, uplink: str) -> tuple[dict[str, Any], Path]:
     """One simulation with ``uplink`` as the uplink codec; its summary and results folder."""
-    results = tmp_path / "results"
-    link = LocalSuperLink(tmp_path / "run", simulation=True)
-    link.start()
-    pids = [link.process.pid] if link.process else []
-    try:
-        outcome = link.run_app(
-            project_root,
-            {**BASE, "uplink-codec": uplink, "results-dir": str(results), "run-name": "sim"},
-            federation_config={"num-supernodes": 3, "client-resources-num-cpus": 1},
-            timeout=540,
-        )
-    finally:
-        link.stop()
-    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
-    assert live_group_members(pids) == []
-    folder = results / "sim"
+    folder = run_simulation(tmp_path, project_root, {**BASE, "uplink-codec": uplink}, timeout=540)
     return json.loads((folder / "summary.json").read_text()), folder
 
 

@@ -17,11 +17,10 @@ import torch
 
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import mask_digest, prunable
-from fedsync.deploy import LocalSuperLink
 from fedsync.reports import read_events
 from fedsync.task import tensor_specs
 from server.checkpoint import load_checkpoint
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -31,37 +30,24 @@ PRUNE_AT = 1
 def test_a_pruned_run_sends_kept_values_only_and_keeps_pruned_weights_zero(
     tmp_path: Path, project_root: Path
 ) -> None:
-    results = tmp_path / "results"
-    link = LocalSuperLink(tmp_path / "run", simulation=True)
-    link.start()
-    pids = [link.process.pid] if link.process else []
-    try:
-        outcome = link.run_app(
-            project_root,
-            {
-                "strategy": "fedbuff",
-                "concurrency": 3,
-                "buffer-size": 2,
-                "max-aggregations": 4,
-                "eval-every": 3,
-                "local-epochs": 1,
-                "local-steps": 5,
-                "uplink-codec": "topk:{density}+uniform:{bits}+ef",
-                "prune-at-version": PRUNE_AT,
-                "prune-sparsity": 0.8,
-                "results-dir": str(results),
-                "run-name": "pruned",
-                "plots": False,
-            },
-            federation_config={"num-supernodes": 3, "client-resources-num-cpus": 1},
-            timeout=480,
-        )
-    finally:
-        link.stop()
-    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
-    assert live_group_members(pids) == []
-
-    folder = results / "pruned"
+    folder = run_simulation(
+        tmp_path,
+        project_root,
+        {
+            "strategy": "fedbuff",
+            "concurrency": 3,
+            "buffer-size": 2,
+            "max-aggregations": 4,
+            "eval-every": 3,
+            "local-epochs": 1,
+            "local-steps": 5,
+            "uplink-codec": "topk:{density}+uniform:{bits}+ef",
+            "prune-at-version": PRUNE_AT,
+            "prune-sparsity": 0.8,
+            "plots": False,
+        },
+        name="pruned",
+    )
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["errors"] == {} and summary["drops"] == {}
     (prune,) = read_events(folder / "events.jsonl", "prune")

@@ -9,49 +9,31 @@ import pytest
 
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig
-from fedsync.deploy import LocalSuperLink
 from fedsync.reports import read_events
 from fedsync.task import model_for, model_state
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def test_fedavg_simulation_learns_and_counts_bytes(tmp_path: Path, project_root: Path) -> None:
-    results = tmp_path / "results"
-    link = LocalSuperLink(tmp_path / "run", simulation=True)
-    link.start()
-    pids = [link.process.pid] if link.process else []
-    try:
-        outcome = link.run_app(
-            project_root,
-            {
-                "strategy": "fedavg",
-                "num-rounds": 2,
-                "local-epochs": 1,
-                "results-dir": str(results),
-                "run-name": "sim",
-                "fraction-evaluate": 0.5,
-            },
-            federation_config={"num-supernodes": 3, "client-resources-num-cpus": 1},
-            timeout=480,
-        )
-    finally:
-        link.stop()
-    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
-    assert live_group_members(pids) == []
+    folder = run_simulation(
+        tmp_path,
+        project_root,
+        {"strategy": "fedavg", "num-rounds": 2, "local-epochs": 1, "fraction-evaluate": 0.5},
+    )
 
-    summary = json.loads((results / "sim" / "summary.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
     accuracies = [r["accuracy"] for r in summary["evaluations"]]
     assert len(accuracies) == 3  # the initial model, then two rounds
     assert accuracies[-1] > accuracies[0] + 0.2
     # Bytes are counted as every strategy's: the length of the frame of the arrays the
     # real messages carry (none+fp32), 3 nodes x the model each way.
-    round_events = list(read_events(results / "sim" / "events.jsonl", "train_round"))
+    round_events = list(read_events(folder / "events.jsonl", "train_round"))
     assert [e["replies"] for e in round_events] == [3, 3]
     model_bytes = round_events[0]["bytes_down"] // 3
     model = model_for(RunConfig.from_run_config({"local-epochs": 1}).training)
     assert model_bytes == len(UpdateCodec("none+fp32").encode(model_state(model)))
     assert all(e["bytes_up"] == e["bytes_down"] == 3 * model_bytes for e in round_events)
     assert summary["total_bytes_up"] == 6 * model_bytes
-    assert (results / "sim" / "accuracy.png").stat().st_size > 0
+    assert (folder / "accuracy.png").stat().st_size > 0
