@@ -150,7 +150,7 @@ def _encode_uplink(
     _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)
-    return _maybe_corrupt(uplink, delta, task, context, runtime)
+    return _maybe_corrupt(uplink, delta, task, context, runtime, masks)
 
 
 def _apply_downlink(
@@ -291,6 +291,7 @@ def _maybe_corrupt(
     task: TrainTask,
     context: Context,
     runtime: ClientRuntime,
+    masks: Masks | None = None,
 ) -> bytes:
     """Replace the honest uplink when node config ``fault`` asks (deployment tests only)."""
     injector = FaultInjector.from_node_config(runtime.node_config)
@@ -301,5 +302,7 @@ def _maybe_corrupt(
     context.state.config_records[FAULT_COUNTER] = ConfigRecord({"tasks": index + 1})
     kind = injector.pick(index, task.task_seed)
     return (
-        injector.corrupt(kind, uplink, delta, task.uplink_codec, task.task_seed) if kind else uplink
+        injector.corrupt(kind, uplink, delta, task.uplink_codec, task.task_seed, masks)
+        if kind
+        else uplink
     )

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from fedsync.codec import UpdateCodec, specs_of
+from fedsync.compression.pruning import mask_digest, masked_spec
 from fedsync.config import SettingsError
 from fedsync.updates import CompressedTensor, TensorSpec
 from fedsync.wire import decode_frame, encode_frame
@@ -104,7 +105,13 @@ class FaultInjector:
         return self.kinds[task_index % len(self.kinds)]
 
     def corrupt(
-        self, kind: str, payload: bytes, delta: Mapping[str, torch.Tensor], spec: str, seed: int
+        self,
+        kind: str,
+        payload: bytes,
+        delta: Mapping[str, torch.Tensor],
+        spec: str,
+        seed: int,
+        masks: Mapping[str, torch.Tensor] | None = None,
     ) -> bytes:
         """The bytes a node with fault ``kind`` sends instead of the honest ``payload``.
 
@@ -120,6 +127,8 @@ class FaultInjector:
             The task's codec spec.
         seed : int
             Seeds the random choices (bit position, garbage bytes).
+        masks : mapping of str to torch.Tensor, optional
+            The pruning masks a masked spec (``mask:digest=...``) names, after a cut.
         """
         rng = np.random.default_rng(seed)
         if kind == "truncate":
@@ -138,10 +147,16 @@ class FaultInjector:
             name, tensor = next(iter(wrong.items()))
             extra = torch.zeros((1, *tensor.shape[1:]) if tensor.dim() else (1,))
             wrong[name] = torch.cat([tensor.reshape(tensor.shape or (1,)), extra])
-            return UpdateCodec(spec, seed=seed).encode(wrong)
+            if masks is not None and name in masks:
+                # After a pruning cut: masks grown to the wrong shape (another digest).
+                masks = dict(masks)
+                grown = masks[name].reshape(masks[name].shape or (1,))
+                masks[name] = torch.cat([grown, torch.ones_like(extra, dtype=grown.dtype)])
+                spec = masked_spec(spec, mask_digest(masks))
+            return UpdateCodec(spec, seed=seed, masks=masks).encode(wrong)
         if kind == "norm":
             # A fresh codec: the node's own residual must not hold the poisoned mass.
-            return UpdateCodec(spec, seed=seed).encode(
+            return UpdateCodec(spec, seed=seed, masks=masks).encode(
                 {name: tensor * NORM_FACTOR for name, tensor in delta.items()}
             )
         raise SettingsError(f"unknown fault kind {kind!r}")

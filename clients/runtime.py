@@ -102,7 +102,7 @@ class LocalTraining:
             proximal_mu=get_float(config, protocol.PROXIMAL_MU, settings.proximal_mu),
             max_steps=local_steps if local_steps > 0 else None,
             seed=runtime.task_seed(config),
-            **_optimizer_settings(settings),
+            **settings.optimizer_settings,
         )
 
     @classmethod
@@ -116,7 +116,7 @@ class LocalTraining:
             proximal_mu=task.proximal_mu,
             max_steps=task.local_steps if task.local_steps > 0 else None,
             seed=runtime.seed_for(task.task_seed, task.version),
-            **_optimizer_settings(runtime.settings),
+            **runtime.settings.optimizer_settings,
         )
 
     def run(self, model: torch.nn.Module, dataset: ArrayDataset, device: torch.device) -> Any:
@@ -136,15 +136,6 @@ class LocalTraining:
             betas=self.betas,
             weight_decay=self.weight_decay,
         )
-
-
-def _optimizer_settings(settings: TrainingSection) -> dict[str, Any]:
-    # The optimizer is the run's, not the task's: every task of a run trains alike.
-    return {
-        "optimizer": settings.client_optimizer,
-        "betas": (settings.client_beta1, settings.client_beta2),
-        "weight_decay": settings.client_weight_decay,
-    }
 
 
 def _limit_threads(node_config: Mapping[str, Any]) -> None:

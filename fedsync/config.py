@@ -196,6 +196,16 @@ class TrainingSection(Section):
             _fail("proximal-mu", "must be finite and >= 0", self.proximal_mu)
 
     @property
+    def optimizer_settings(self) -> dict[str, Any]:
+        """The local optimizer as :func:`fedsync.models.training.train` takes it
+        (``optimizer``, ``betas``, ``weight_decay``): every task of a run trains alike."""
+        return {
+            "optimizer": self.client_optimizer,
+            "betas": (self.client_beta1, self.client_beta2),
+            "weight_decay": self.client_weight_decay,
+        }
+
+    @property
     def data_dir_or_none(self) -> str | None:
         """The ``data-dir`` setting, ``None`` when empty (search the usual places)."""
         return self.data_dir or None

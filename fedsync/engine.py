@@ -155,6 +155,9 @@ class AggregationEngine:
         The model version of ``global_state`` (a resumed run).
     optimizer_state : dict, optional
         The server optimizer's state to continue from (a resumed run).
+    pruning_state : dict, optional
+        The pruning cut to continue from (a resumed pruned run,
+        :meth:`PrunedModel.checkpoint_state`); empty or ``None``: none saved.
     """
 
     def __init__(
@@ -167,6 +170,7 @@ class AggregationEngine:
         device: str | torch.device = "cpu",
         version: int = 0,
         optimizer_state: Mapping[str, Any] | None = None,
+        pruning_state: Mapping[str, Any] | None = None,
     ) -> None:
         if config.strategy not in STRATEGIES:
             raise SettingsError(f"strategy {config.strategy!r} does not run on the engine")
@@ -238,9 +242,19 @@ class AggregationEngine:
         self.rejections: Counter[str] = Counter()
         """Rejected replies by what was wrong (decode error class, invalid, norm)."""
         self._starts: dict[str, dict[str, torch.Tensor]] = {}
-        if 0 <= compression.prune_at_version <= version:
-            # Pruning at version 0, or a run resumed at or after the cut: a cut model's
-            # zeros are its smallest entries, so the same masks come out again.
+        if pruning_state:
+            # A resumed pruned run: the saved cut (masks, version), not a new one.
+            self.pruned = PrunedModel.restore(
+                self.trained,
+                self.specs,
+                pruning_state,
+                sparsity=compression.prune_sparsity,
+            )
+            self._rebase_downlink()
+        elif 0 <= compression.prune_at_version <= version:
+            # Pruning at version 0, or a resumed run that saved no cut (an older
+            # checkpoint): a cut model's zeros are its smallest entries, so the same masks
+            # come out again unless a kept weight is exactly zero.
             self._prune()
 
     # --- tasks --------------------------------------------------------------------------------
@@ -380,6 +394,9 @@ class AggregationEngine:
             sparsity=self.config.compression.prune_sparsity,
             version=self.version,
         )
+        self._rebase_downlink()
+
+    def _rebase_downlink(self) -> None:
         # Replicas from before the cut hold the pruned entries: full payloads next.
         self.downlink.rebase(
             self._downlink_codec(self._masked(self.config.compression.downlink_codec))

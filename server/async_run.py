@@ -447,10 +447,10 @@ class AsyncRun:
         """Per-device counters and task times, with the device and class each node declared."""
         devices: dict[str, dict[str, Any]] = {}
         for node, stats in self.scheduler.summary().items():
-            profile = self.profiles.get(int(node))
+            profile = self.profiles.get(int(node), NodeProfile(None))  # unprobed: empty
             devices[node] = {
                 "device_index": self.device_of.get(int(node)),
-                **(profile.describe() if profile is not None else {}),
+                **profile.describe(),
                 **stats,
             }
         return devices

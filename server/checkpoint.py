@@ -92,6 +92,9 @@ class AsyncCheckpoint:
         Real seconds the job has run, over all its runs.
     meta : dict
         For the record: strategy, the run config, cached updates at save time.
+    pruning : dict
+        A pruned run's cut (:meth:`fedsync.aggregation.pruning.PrunedModel.checkpoint_state`:
+        the mask frame and the frames sent); empty before the cut and in older checkpoints.
     """
 
     # --- the model and the optimizer ---
@@ -108,6 +111,7 @@ class AsyncCheckpoint:
     job_id: str = ""
     wall_time: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    pruning: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values and tensors only (what ``torch.load(weights_only=True)`` reads).

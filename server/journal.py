@@ -184,6 +184,7 @@ class RunJournal:
                 "config": self.config.as_run_config(),
                 "buffered_updates": len(engine.buffer),
             },
+            pruning=engine.pruned.checkpoint_state() if engine.pruned is not None else {},
         )
 
     # --- the end ------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def run_async(
         device=device,
         version=resume.version if resume is not None else 0,
         optimizer_state=resume.optimizer_state if resume is not None else None,
+        pruning_state=resume.pruning if resume is not None else None,
     )
     channel = GridChannel(
         grid,

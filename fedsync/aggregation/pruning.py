@@ -19,7 +19,7 @@ import torch
 
 from fedsync.compression.pruning import apply_masks, magnitude_masks, mask_digest, masked_spec
 from fedsync.updates import TensorSpec
-from fedsync.wire.mask import encode_masks
+from fedsync.wire.mask import decode_masks, encode_masks
 
 __all__ = ["PrunedModel"]
 
@@ -37,6 +37,9 @@ class PrunedModel:
         Fraction of each prunable tensor set to zero.
     version : int
         The model version the cut is made at (carried in the mask frame).
+    masks : mapping of str to torch.Tensor, optional
+        The masks of an earlier cut (a resumed run, :meth:`restore`); default: cut
+        ``state`` by magnitude now.
     """
 
     def __init__(
@@ -46,8 +49,9 @@ class PrunedModel:
         *,
         sparsity: float,
         version: int,
+        masks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        self.masks = magnitude_masks(state, sparsity)
+        self.masks = dict(masks) if masks is not None else magnitude_masks(state, sparsity)
         self.digest = mask_digest(self.masks)
         self.version = version
         self.sparsity = sparsity
@@ -59,6 +63,36 @@ class PrunedModel:
         self.sent = 0
         """Mask frames handed out (first deliveries and resends)."""
         self.apply(state)
+
+    @classmethod
+    def restore(
+        cls,
+        state: MutableMapping[str, torch.Tensor],
+        specs: Mapping[str, TensorSpec],
+        saved: Mapping[str, object],
+        *,
+        sparsity: float,
+    ) -> PrunedModel:
+        """The cut a checkpoint holds (:meth:`checkpoint_state`): the same masks and cut
+        version; every device gets the masks again (who held them is not saved).
+
+        Raises
+        ------
+        PayloadError
+            If the saved mask frame does not decode against ``specs``.
+        """
+        frame = saved.get("frame")
+        payload = frame.numpy().tobytes() if isinstance(frame, torch.Tensor) else b""
+        cut = decode_masks(payload, specs)
+        pruned = cls(state, specs, sparsity=sparsity, version=cut.version, masks=cut.masks)
+        sent = saved.get("sent", 0)
+        pruned.sent = sent if isinstance(sent, int) else 0
+        return pruned
+
+    def checkpoint_state(self) -> dict[str, object]:
+        """What :meth:`restore` needs: the mask frame (uint8) and the frames sent so far."""
+        frame = torch.frombuffer(bytearray(self.payload), dtype=torch.uint8)
+        return {"frame": frame, "sent": self.sent}
 
     def apply(self, state: MutableMapping[str, torch.Tensor]) -> None:
         """Zero the pruned entries of ``state`` again (after a server step)."""

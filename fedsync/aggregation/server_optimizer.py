@@ -202,6 +202,8 @@ class ServerMomentum(ServerOptimizer):
         _check_unit_interval("server momentum", momentum)
         self.momentum = float(momentum)
         self.nesterov = nesterov
+        # Its own kind: a checkpoint of one does not resume as the other.
+        self.kind = "nesterov" if nesterov else "momentum"
         self._velocity: dict[str, torch.Tensor] = {}
 
     def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
@@ -221,7 +223,7 @@ class ServerMomentum(ServerOptimizer):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(learning_rate={self.learning_rate}, "
-            f"momentum={self.momentum}, nesterov={self.nesterov})"
+            f"momentum={self.momentum}, nesterov={self.nesterov}, transform={self.transform!r})"
         )
 
 

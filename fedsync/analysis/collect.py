@@ -169,6 +169,7 @@ def collect_updates(
                 proximal_mu=settings.proximal_mu,
                 max_steps=settings.local_steps or None,
                 seed=(settings.seed * 1_000_003 + c * 7919 + round_index) % 2**31,
+                **settings.optimizer_settings,
             )
             trained = model.state_dict()
             delta = {name: trained[name].detach().float() - global_state[name] for name in specs}

@@ -753,8 +753,9 @@ def test_summary_reports_each_nodes_device_class_next_to_its_task_times(tmp_path
             e["sim_duration"] for e in events if e["event"] == "arrival" and e["node"] == node
         ]
         assert entry["task_seconds_median"] == pytest.approx(float(np.median(durations)))
-    # A node that did not answer the probe has counters and times but no profile.
+    # A node that did not answer the probe has counters and times and an empty profile.
     result, _, _, _ = run(tmp_path, "no-profile", nodes=nodes, partitions={50: 0})
     assert result.summary["devices"]["50"]["device_class"] == "class-0"
-    assert "device_class" not in result.summary["devices"]["10"]
+    assert result.summary["devices"]["10"]["device_class"] == ""
+    assert result.summary["devices"]["10"]["device"] == ""
     assert result.summary["devices"]["10"]["task_seconds_median"] is not None

@@ -201,3 +201,24 @@ def test_corruptions_are_well_formed_where_they_should_be() -> None:
         bad = injector.corrupt("nan", payload, delta, codes_only, seed=1)
         with pytest.raises(ValueError, match="NaN or Inf"):
             UpdateCodec().decode(bad, SPECS)
+
+
+def test_faults_still_reach_the_server_after_a_pruning_cut() -> None:
+    """After a cut the task's spec names masks (``mask:digest=...``): the re-encoding
+    faults use them, so the node sends a bad frame instead of failing the task."""
+    from fedsync.compression.pruning import magnitude_masks, mask_digest, masked_spec
+    from fedsync.wire import PayloadError
+
+    delta = {name: torch.randn(shape) * 0.01 for name, shape in SHAPES.items()}
+    masks = magnitude_masks({name: torch.randn(shape) for name, shape in SHAPES.items()}, 0.8)
+    spec = masked_spec("topk:0.1+uniform:8+ef", mask_digest(masks))
+    honest = UpdateCodec(spec, seed=1, masks=masks).encode(delta)
+    injector = FaultInjector(FAULT_KINDS)
+    server = UpdateCodec(masks=masks)
+    poisoned = server.decode(injector.corrupt("norm", honest, delta, spec, 1, masks), SPECS)
+    plain = server.decode(honest, SPECS)
+    name = next(iter(SPECS))
+    assert poisoned[name].values.norm() > 100 * plain[name].values.norm()
+    for kind in ("shape", "nan"):
+        with pytest.raises(PayloadError):
+            server.decode(injector.corrupt(kind, honest, delta, spec, 1, masks), SPECS)

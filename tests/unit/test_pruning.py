@@ -6,6 +6,7 @@ the masks the task delivered and encodes its update with them, as the ClientApp 
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 from dataclasses import replace
@@ -252,6 +253,30 @@ def test_a_resumed_run_after_the_cut_finds_the_same_masks() -> None:
     assert engine.pruned is not None
     resumed = AggregationEngine(engine.config, engine.state, version=5)
     assert resumed.pruned is not None and resumed.pruned.digest == engine.pruned.digest
+
+
+def test_a_resumed_run_keeps_the_saved_cut_even_where_a_recut_would_differ() -> None:
+    engine = engine_for(prune_at_version=0)
+    assert engine.pruned is not None
+    engine.plan_task(1, 1)  # one mask frame out
+    saved = engine.pruned.checkpoint_state()
+    state = {k: v.clone() for k, v in engine.state.items()}
+    name = next(iter(engine.pruned.masks))
+    kept = engine.pruned.masks[name]
+    state[name][kept] = 0.0  # every kept weight of one tensor exactly zero: a re-cut ties
+    resumed = AggregationEngine(engine.config, state, version=7, pruning_state=saved)
+    assert resumed.pruned is not None
+    assert resumed.pruned.digest == engine.pruned.digest
+    assert resumed.pruned.version == 0 and resumed.pruned.sent == 1
+    assert all(torch.equal(resumed.pruned.masks[n], m) for n, m in engine.pruned.masks.items())
+    assert resumed.plan_task(1, 2).mask == engine.pruned.payload  # who held it: not saved
+    # the saved form survives a checkpoint file (weights-only load)
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    again = AggregationEngine(engine.config, state, version=7, pruning_state=loaded)
+    assert again.pruned is not None and again.pruned.digest == engine.pruned.digest
 
 
 def _pruned_engine() -> tuple[AggregationEngine, Device, TaskPlan]:

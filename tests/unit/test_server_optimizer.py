@@ -174,3 +174,13 @@ def test_none_transform_is_the_plain_step() -> None:
 def test_unknown_transform_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="unknown server update transform 'median'; known: none"):
         build_server_optimizer("sgd", transform="median")
+
+
+def test_nesterov_reports_its_transform_and_does_not_resume_plain_momentum_state() -> None:
+    nesterov = build_server_optimizer("nesterov", learning_rate=0.7, transform="sign")
+    assert "nesterov=True" in repr(nesterov) and "transform='sign'" in repr(nesterov)
+    plain = build_server_optimizer("momentum", learning_rate=0.7)
+    plain.step({"w": torch.zeros(3)}, {"w": torch.ones(3)})
+    with pytest.raises(ValueError, match="'momentum' optimizer state, this is 'nesterov'"):
+        nesterov.load_state_dict(plain.state_dict())
+    build_server_optimizer("momentum").load_state_dict(plain.state_dict())  # same kind: fine
