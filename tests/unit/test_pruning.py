@@ -37,6 +37,7 @@ from fedsync.wire import (
     inspect_frame,
 )
 from fedsync.wire.buffer import encode_varint
+from fedsync.wire.layout import MAGIC
 from fedsync.wire.mask import decode_masks, encode_masks
 
 SHAPES = {"conv.weight": (8, 3, 3, 3), "conv.bias": (8,), "fc.weight": (10, 50)}
@@ -125,7 +126,8 @@ def test_masks_for_another_model_are_rejected() -> None:
 @pytest.mark.parametrize(
     ("damage", "error", "field"),
     [
-        (lambda p: b"XXXX" + p[4:], BadMagic, "magic"),
+        # an update frame's magic where the mask frame's belongs
+        (lambda p: MAGIC + p[len(MAGIC) :], BadMagic, "magic"),
         (lambda p: p[:-1] + bytes([p[-1] ^ 1]), ChecksumMismatch, "crc32"),
         (lambda p: _reframe(p[:-9]), TruncatedPayload, "bitmap"),
         (lambda p: _reframe(p[:-4] + b"\x00"), TrailingBytes, "mask frame"),
