@@ -1042,11 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
             lowrank["runs"][clock] = run_lowrank(clock, args.reps or (3 if args.quick else 5), 1)
         lowrank["cnn"] = cnn_bytes(args.data_dir)
         print_lowrank(lowrank)
-        target = args.out if args.out is not None else (None if args.quick else LOWRANK_RESULTS)
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(lowrank, indent=2) + "\n")
-            print(f"wrote {target}", file=sys.stderr)
+        _write(lowrank, args.out, quick=args.quick, default=LOWRANK_RESULTS)
         return 0
 
     if args.dct:
@@ -1059,11 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
         for clock in clocks:
             dct["runs"][clock] = run_dct(clock, dct_sizes, args.reps or (3 if args.quick else 5), 1)
         print_dct(dct)
-        path = args.out if args.out is not None else (None if args.quick else DCT_RESULTS)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(dct, indent=2) + "\n")
-            print(f"wrote {path}", file=sys.stderr)
+        _write(dct, args.out, quick=args.quick, default=DCT_RESULTS)
         return 0
 
     if args.index_cost:
@@ -1084,38 +1076,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== clock: {clock} ==")
         print_table(report["runs"][clock]["cases"])
         print(json.dumps(report["runs"][clock]["targets"], indent=2))
-    out = args.out if args.out is not None else (None if args.quick else RESULTS)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {out}", file=sys.stderr)
+    _write(report, args.out, quick=args.quick, default=RESULTS)
     return 0
+
+
+def _write(report: dict[str, Any], out: Path | None, *, quick: bool, default: Path) -> None:
+    """Write ``report`` as JSON to ``out``, else to ``default`` unless a ``--quick`` run
+    (printed only)."""
+    path = out if out is not None else (None if quick else default)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _index_cost_only(reps: int, out: Path | None) -> int:
     """``--index-cost``: :func:`index_section_cost` at 10M and 1 % under both clocks."""
-    global CLOCK
     report: dict[str, Any] = {"benchmark": "codecs --index-cost", "runs": {}}
     for clock in ("wall", "cpu"):
-        threads = numba.get_num_threads(), torch.get_num_threads()
-        if clock == "cpu":
-            numba.set_num_threads(1)
-            torch.set_num_threads(1)
-            CLOCK = time.thread_time
-        try:
-            info = machine()
+        with clocked(clock) as info:
             result = index_section_cost(10_000_000, 0.01, reps, 1)
             info["load_average_end"] = os.getloadavg()
-        finally:
-            numba.set_num_threads(threads[0])
-            torch.set_num_threads(threads[1])
-            CLOCK = time.perf_counter
         report["runs"][clock] = {"machine": info, "result": result}
         print(f"== clock: {clock} ==")
         print(json.dumps(result, indent=2))
-    path = out if out is not None else RESULTS.parent / "index_cost.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}", file=sys.stderr)
+    _write(report, out, quick=False, default=RESULTS.parent / "index_cost.json")
     return 0
 
 

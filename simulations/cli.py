@@ -185,14 +185,15 @@ def compare(
     raise typer.Exit(compare_main(argv))
 
 
-@app.command(
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    },
-    add_help_option=False,
-)
+PASS_THROUGH = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": [],
+}
+"""Subcommands that hand every argument, ``--help`` included, to another command's parser."""
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def deploy(ctx: typer.Context) -> None:
     """A real deployment on this machine: SuperLink and SuperNodes over gRPC
     (fedsync-deploy; `fedsync deploy --help` for its options)."""
@@ -208,14 +209,7 @@ def deploy(ctx: typer.Context) -> None:
     raise typer.Exit(deploy_main(args))
 
 
-@app.command(
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    },
-    add_help_option=False,
-)
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def analyze(ctx: typer.Context) -> None:
     """Measure the sparsity of a model's real updates and recommend a server buffer and
     an index coding (python -m fedsync.analysis; `fedsync analyze --help` for its options)."""
