@@ -30,6 +30,7 @@ import pytest
 
 from fedsync.deploy import DeploymentError, LocalDeployment, RunOutcome
 from fedsync.deploy.processes import ManagedProcess
+from fedsync.deploy.proctree import descendants
 from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.persist import file_digest, load_arrays
 from fedsync.reports import read_events
@@ -114,27 +115,6 @@ _NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 def supernode_ids(log: Path) -> list[int]:
     """Node ids a SuperNode's log announces, one per (re)start that activated."""
     return [int(m.group(1)) for m in _NODE_ID.finditer(log.read_text(errors="replace"))]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Flower's SuperExec starts in its own session,
-    so a process group does not cover a SuperLink's ServerApp)."""
-    parent_of: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent_of[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        current = frontier.pop()
-        children = [child for child, parent in parent_of.items() if parent == current]
-        found += children
-        frontier += children
-    return found
 
 
 def crash(process: ManagedProcess) -> list[int]:

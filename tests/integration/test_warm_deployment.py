@@ -16,31 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from fedsync.deploy.proctree import cmdline, descendants
 from fedsync.deploy.timing import parse_supernode_log
 from fedsync.deploy.warm import WarmLocalDeployment
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _cmd(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_root: Path) -> None:
@@ -68,12 +49,11 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
             _, messages = parse_supernode_log(log) if log.exists() else (None, [])
             if sum(1 for m in messages if m.kind == "train" and m.complete) >= 1:
                 # fedsync-node -> the supervisor -> the executor it runs
-                (supervisor,) = [
-                    c for c in _children(deployment.supernodes[0].pid) if "--supervise" in _cmd(c)
-                ]
-                for child in _children(supervisor):
-                    os.kill(child, signal.SIGKILL)
-                    killed.append(child)
+                for pid in descendants(deployment.supernodes[0].pid):
+                    argv = cmdline(pid)
+                    if "clients.node_exec" in argv and "--supervise" not in argv:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
                 return
             time.sleep(0.2)
 
