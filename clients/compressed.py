@@ -22,6 +22,10 @@ downlink with them, train with the pruned weights held at zero (their gradients 
 masked), and send values at the kept positions only. A node asked for masks it does not
 hold (restarted) or holds other masks than the task names refuses the task with
 :class:`PruningMaskError`: the server then sends the masks again with the next one.
+
+In an AB-Training run (``ab-rank``) every task also names the factor it trains and
+brings the frozen other one (:mod:`clients.ab_training`); the update is then the
+trained factor's delta for each factored tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 
+from clients.ab_training import FactoredModel, decode_frozen
 from clients.faults import FaultInjector
 from clients.live_state import LIVE, keeps_live_state
 from clients.runtime import ClientRuntime, LocalTraining
@@ -79,19 +84,27 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     # Only a run with delta downlinks needs the decoded model kept for the next task: in
     # the simulation every node's context stays in one process, and a model per node
     # there grows with the number of nodes for nothing.
-    keep_base = RunConfig.from_run_config(context.run_config).compression.downlink_kind == "delta"
+    compression = RunConfig.from_run_config(context.run_config).compression
+    keep_base = compression.downlink_kind == "delta"
     masks = _pruning_masks(task, specs, context)
     start = _apply_downlink(
         task.payload, task.downlink_kind, specs, context, keep_base=keep_base, masks=masks
     )
     model.load_state_dict(start, strict=False)
-    model.to(runtime.device)
+    factored: FactoredModel | None = None
+    if task.ab_side:
+        side, shapes, frozen = decode_frozen(task.factors, task.ab_side, specs, compression)
+        factored = FactoredModel(model, shapes, frozen, side)
+    trainee = factored if factored is not None else model
+    trainee.to(runtime.device)
 
     train_set, _ = runtime.data()
     hooks = _hold_pruned_at_zero(model, masks)
     started = time.perf_counter()
     try:
-        result = LocalTraining.from_train_task(task, runtime).run(model, train_set, runtime.device)
+        result = LocalTraining.from_train_task(task, runtime).run(
+            trainee, train_set, runtime.device
+        )
     finally:
         for hook in hooks:
             hook.remove()
@@ -101,8 +114,12 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     # Triton kernels there (kernels.dispatch picks them for CUDA tensors), and only the
     # encoded payload crosses to the host.
     trained = model.state_dict()
+    # An AB-Training task sends its factors' deltas in place of the factored weights'.
+    factor_deltas = factored.factor_deltas() if factored is not None else {}
     delta = {
-        name: trained[name].detach().float() - start[name].to(runtime.device).float()
+        name: factor_deltas[name]
+        if name in factor_deltas
+        else trained[name].detach().float() - start[name].to(runtime.device).float()
         for name in specs
     }
     for name, mask in (masks or {}).items():

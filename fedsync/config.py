@@ -27,8 +27,13 @@ import torch
 from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import build_server_optimizer
 from fedsync.aggregation.staleness import parse_staleness
+from fedsync.compression.spec import parse_spec
+from fedsync.factored import SCHEDULES as AB_SCHEDULES
 from fedsync.models.training import CLIENT_OPTIMIZERS
 from fedsync.strategies import STRATEGIES
+
+MAX_AB_RANK = 1024
+"""Largest ``ab-rank`` (a tensor's rank is also capped by its own dimensions)."""
 
 __all__ = [
     "AsyncSection",
@@ -345,6 +350,24 @@ class CompressionSection(Section):
     prune_sparsity: float = key(
         0.9, "fraction of each weight matrix / conv kernel pruned to zero (0 < s < 1)"
     )
+    ab_rank: int = key(
+        0,
+        "AB-Training: train each large weight matrix as factors W = A B of this rank; a task "
+        "trains A or B (the other frozen) and sends only that factor's delta (0: off)",
+    )
+    ab_schedule: str = key(
+        "alternate",
+        "AB-Training: which factor a task trains: alternate (task by task) / version (by the "
+        "parity of the model version it starts from)",
+    )
+    ab_refactor_every: int = key(
+        1, "AB-Training: split the global model into A, B by SVD again every this many versions"
+    )
+    ab_min_rate: float = key(
+        2.0,
+        "AB-Training: factor a tensor only when r * (m + n) * rate < m * n; the others (biases, "
+        "small matrices) train whole",
+    )
 
     def __post_init__(self) -> None:
         if self.prune_at_version < -1:
@@ -355,6 +378,7 @@ class CompressionSection(Section):
             )
         if not 0.0 < self.prune_sparsity < 1.0:
             _fail("prune-sparsity", "must be in (0, 1)", self.prune_sparsity)
+        self._check_ab_training()
         if self.downlink_kind not in ("full", "delta"):
             _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
         if not self.downlink_max_lag >= 0.0:
@@ -364,6 +388,36 @@ class CompressionSection(Section):
             self.downlink_schedule(decaying=True)
         except ValueError as err:
             raise SettingsError(str(err)) from err
+
+    def _check_ab_training(self) -> None:
+        if isinstance(self.ab_rank, bool) or not 0 <= self.ab_rank <= MAX_AB_RANK:
+            _fail("ab-rank", f"must be an int in [0, {MAX_AB_RANK}] (0: off)", self.ab_rank)
+        if self.ab_schedule not in AB_SCHEDULES:
+            _fail("ab-schedule", f"must be one of {', '.join(AB_SCHEDULES)}", self.ab_schedule)
+        if self.ab_refactor_every < 1:
+            _fail("ab-refactor-every", "must be >= 1 (versions)", self.ab_refactor_every)
+        if not (math.isfinite(self.ab_min_rate) and self.ab_min_rate >= 1.0):
+            _fail("ab-min-rate", "must be a finite number >= 1", self.ab_min_rate)
+        if self.ab_rank == 0:
+            return
+        if self.prune_at_version >= 0:
+            _fail(
+                "ab-rank",
+                "cannot be combined with prune-at-version (a pruned tensor has no factors)",
+                self.ab_rank,
+            )
+        try:
+            feedback = parse_spec(self.schedule(decaying=False).spec(0)).feedback
+        except ValueError as err:
+            raise SettingsError(str(err)) from err
+        if feedback is not None:
+            _fail(
+                "uplink-codec",
+                "must not use error feedback (+ef) with ab-rank: a residual of one factor "
+                "means nothing once the frozen factor changes (every task's side or every "
+                "refactor); use e.g. 'none+uniform:{bits}'",
+                self.uplink_codec,
+            )
 
     def downlink_schedule(self, *, decaying: bool) -> CompressionSchedule:
         """The delta downlink's :class:`~fedsync.aggregation.schedule.CompressionSchedule`
@@ -597,6 +651,12 @@ class RunConfig:
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
+        if self.strategy == self.BASELINE and self.compression.ab_rank > 0:
+            _fail(
+                "ab-rank",
+                "needs an engine strategy (teasq, fedbuff, ...); fedavg sends dense models",
+                self.compression.ab_rank,
+            )
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], **sections: Any) -> RunConfig:

@@ -16,7 +16,9 @@ says how updates are gated, weighted and combined; the buffer, the optimizer, th
 codecs and the downlink encoder are the same for every strategy. A pruned run
 (``prune-at-version``) cuts the model once (:mod:`fedsync.aggregation.pruning`); from
 then on every spec of both directions is masked and each plan carries the mask frame to
-a device that does not hold it yet.
+a device that does not hold it yet. An AB-Training run (``ab-rank``) plans each task
+with the factor it trains and the frozen other one, and rebuilds its reply exactly
+(:mod:`fedsync.aggregation.ab_training`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from fedsync.aggregation import (
     build_server_optimizer,
     validate_update,
 )
+from fedsync.aggregation.ab_training import ABTraining
 from fedsync.aggregation.downlink import (
     CodecFactory,
     DownlinkEncoder,
@@ -96,6 +99,10 @@ class TaskPlan:
     mask : bytes
         The pruning-mask frame (:mod:`fedsync.wire.mask`) when the device does not hold
         the masks yet; empty otherwise.
+    ab_side : {"", "A", "B"}
+        An AB-Training run's side: the factor the task trains (``""``: not such a run).
+    factors : bytes
+        The frozen factors of an AB-Training task (a frame; empty otherwise).
     """
 
     task_id: str
@@ -106,6 +113,13 @@ class TaskPlan:
     downlink: DownlinkPayload
     seed: int
     mask: bytes = b""
+    ab_side: str = ""
+    factors: bytes = b""
+
+    @property
+    def downlink_bytes(self) -> int:
+        """Everything the task carries to the device: model, masks, frozen factors."""
+        return len(self.downlink.payload) + len(self.mask) + len(self.factors)
 
 
 @dataclass(frozen=True)
@@ -256,14 +270,33 @@ class AggregationEngine:
             # checkpoint): a cut model's zeros are its smallest entries, so the same masks
             # come out again unless a kept weight is exactly zero.
             self._prune()
+        self.ab: ABTraining | None = None
+        """An AB-Training run's factors (``ab-rank`` > 0)."""
+        if compression.ab_rank > 0:
+            self.ab = ABTraining(
+                self.specs,
+                rank=compression.ab_rank,
+                min_rate=compression.ab_min_rate,
+                schedule=compression.ab_schedule,
+                refactor_every=compression.ab_refactor_every,
+                codec_factory=lambda specs: default_codec_factory(
+                    compression.downlink_codec, seed=seed, specs=specs
+                ),
+            )
 
     # --- tasks --------------------------------------------------------------------------------
     def plan_task(self, node_id: int, number: int) -> TaskPlan:
         """Plan the ``number``-th task, for ``node_id``, from the current model."""
         version = self.version
+        task_id = f"task-{number:06d}"
         downlink = self.downlink.prepare(node_id, self.trained, version)
+        side, factors = (
+            self.ab.for_task(task_id, number, version, self.trained)
+            if self.ab is not None
+            else ("", b"")
+        )
         plan = TaskPlan(
-            task_id=f"task-{number:06d}",
+            task_id=task_id,
             number=number,
             node_id=node_id,
             version=version,
@@ -271,11 +304,13 @@ class AggregationEngine:
             downlink=downlink,
             seed=task_seed(self.config.training.seed, number),
             mask=self.pruned.for_task(node_id) if self.pruned is not None else b"",
+            ab_side=side,
+            factors=factors,
         )
         if downlink.start is not None:
             self._starts[plan.task_id] = downlink.start
         self.tally.tasks += 1
-        self.tally.bytes_down += len(downlink.payload) + len(plan.mask)
+        self.tally.bytes_down += plan.downlink_bytes
         return plan
 
     def forget(self, plan: TaskPlan) -> None:
@@ -284,6 +319,8 @@ class AggregationEngine:
         self.downlink.reset(plan.node_id)
         if self.pruned is not None:
             self.pruned.forget(plan.node_id)
+        if self.ab is not None:
+            self.ab.release(plan.task_id)
 
     def arrived(self, plan: TaskPlan, payload_bytes: int) -> int:
         """A reply is in (counted now, whatever becomes of it); returns its staleness."""
@@ -317,6 +354,8 @@ class AggregationEngine:
         arrival = Arrival(staleness=staleness, num_examples=num_examples, version=plan.version)
         why = malformed or self.strategy.check(arrival)
         update = None if why else self._decode(plan, payload)
+        if self.ab is not None:
+            self.ab.release(plan.task_id)
         if isinstance(update, str):
             why, update = update, None
         if update is None:
@@ -351,14 +390,18 @@ class AggregationEngine:
         )
 
     def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | str:
+        # An AB-Training reply holds factor deltas: its schema is its side's.
+        expected = self.ab.schema(plan.task_id) if self.ab and plan.ab_side else self.specs
         try:
-            update = self._codec(plan.uplink_spec).decode(payload, self.specs)
+            update = self._codec(plan.uplink_spec).decode(payload, expected)
         except Exception as err:  # any failure to decode is the payload's fault here
             return f"decode failed: {type(err).__name__}: {err}"
         try:
-            validate_update(update, self.specs)
+            validate_update(update, expected)
         except InvalidUpdate as err:
             return f"invalid update: {err}"
+        if self.ab is not None and plan.ab_side:
+            return self.ab.rebuild(plan.task_id, update)
         return dict(update)
 
     def _reject(self, staleness: int, why: str, kind: str = "") -> Verdict:
@@ -382,6 +425,7 @@ class AggregationEngine:
             "rejections": dict(sorted(self.rejections.items())),
             "downlink_resyncs": self.downlink.resyncs,
             "pruning": self.pruned.describe() if self.pruned is not None else None,
+            "ab_training": self.ab.describe() if self.ab is not None else None,
             "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
         }
 

@@ -21,6 +21,9 @@ A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
 * ``DOWNLINK`` ``MASK`` (a pruned run only, once per device): the pruning masks as a
   bitmap frame; the node keeps them in ``context.state``, and every later frame of
   either direction holds values at the kept positions only.
+* ``DOWNLINK`` ``FACTORS`` (an AB-Training run only, every task): the frozen factor of
+  each factored tensor as a frame (:mod:`fedsync.factored`); CONFIG ``ab-side`` says
+  which factor the task trains, and the reply then holds that factor's delta.
 * ``CONFIG`` ConfigRecord: ``model-version`` (= ``server-round``), ``local-epochs``,
   ``local-steps``, ``learning-rate``, ``momentum``, ``batch-size``, ``proximal-mu``,
   ``uplink-codec`` (the task's spec string, density and bits filled in),
@@ -73,6 +76,8 @@ MASK: Final = "mask"
 """A second uint8 array of :data:`DOWNLINK` in a pruned run: the pruning-mask frame
 (:mod:`fedsync.wire.mask`), sent with a device's first task after the cut (and again
 after a failed or lost task)."""
+FACTORS: Final = "factors"
+"""A uint8 array of :data:`DOWNLINK` in an AB-Training run: the frozen factors' frame."""
 
 # --- task config keys (server -> client) ----------------------------------------------
 SERVER_ROUND: Final = "server-round"
@@ -91,6 +96,8 @@ DOWNLINK_KIND: Final = "downlink-kind"
 """``"full"``: the payload decodes to the whole model; ``"delta"``: to a difference
 against the model this device last received (kept in the client's state)."""
 TASK_SEED: Final = "task-seed"
+AB_SIDE: Final = "ab-side"
+"""AB-Training: the factor the task trains, ``"A"`` or ``"B"`` (absent: not such a run)."""
 
 # --- reply metric keys (client -> server) ---------------------------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -214,6 +221,10 @@ class TrainTask:
     mask : bytes
         The pruning-mask frame (:mod:`fedsync.wire.mask`) when this task delivers it;
         empty otherwise.
+    ab_side : {"", "A", "B"}
+        AB-Training: the factor to train (``""``: train the whole model).
+    factors : bytes
+        AB-Training: the frozen factors' frame.
     """
 
     payload: bytes
@@ -229,6 +240,8 @@ class TrainTask:
     momentum: float
     proximal_mu: float
     mask: bytes = b""
+    ab_side: str = ""
+    factors: bytes = b""
 
     @classmethod
     def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
@@ -264,6 +277,9 @@ class TrainTask:
         downlink = payload_record(self.payload)
         if self.mask:
             downlink[MASK] = Array(np.frombuffer(self.mask, dtype=np.uint8).copy())
+        if self.ab_side:
+            config[AB_SIDE] = self.ab_side
+            downlink[FACTORS] = Array(np.frombuffer(self.factors, dtype=np.uint8).copy())
         return RecordDict({DOWNLINK: downlink, CONFIG: config})
 
     @classmethod
@@ -281,15 +297,15 @@ class TrainTask:
         payload, why = read_payload(record, "downlink")
         if why:
             raise ValueError(why)
-        mask = b""
-        if record is not None and MASK in record:
-            array = record[MASK].numpy()
-            if array.dtype != np.uint8 or array.ndim != 1:
-                raise ValueError(
-                    f"downlink mask must be 1-d uint8, got {array.dtype} {array.shape}"
-                )
-            mask = array.tobytes()
+        mask = _extra_frame(record, MASK)
+        factors = _extra_frame(record, FACTORS)
         config = content.config_records[CONFIG]
+        ab_side = get_str(config, AB_SIDE, "")
+        if ab_side not in ("", "A", "B") or bool(ab_side) != bool(factors):
+            raise ValueError(
+                f"task config {AB_SIDE!r} = {ab_side!r} with {len(factors)} bytes of "
+                "factors: an AB-Training task names side 'A' or 'B' and carries factors"
+            )
         return cls(
             payload=payload,
             downlink_kind=get_str(config, DOWNLINK_KIND, "full"),
@@ -305,6 +321,8 @@ class TrainTask:
             momentum=get_float(config, MOMENTUM),
             proximal_mu=get_float(config, PROXIMAL_MU),
             mask=mask,
+            ab_side=ab_side,
+            factors=factors,
         )
 
     @staticmethod
@@ -362,3 +380,19 @@ class TrainReply:
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
         return cls(payload, numbers, why)
+
+
+def _extra_frame(record: ArrayRecord | None, name: str) -> bytes:
+    """A second frame of the downlink (masks, factors): its bytes, ``b""`` when absent.
+
+    Raises
+    ------
+    ValueError
+        If it is there but not a 1-d uint8 array.
+    """
+    if record is None or name not in record:
+        return b""
+    array = record[name].numpy()
+    if array.dtype != np.uint8 or array.ndim != 1:
+        raise ValueError(f"downlink {name} must be 1-d uint8, got {array.dtype} {array.shape}")
+    return array.tobytes()

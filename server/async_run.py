@@ -226,7 +226,7 @@ class AsyncRun:
     def _dispatch(self, node_id: int, number: int) -> None:
         plan = self.engine.plan_task(node_id, number)
         self.tasks[plan.task_id] = plan
-        size = len(plan.downlink.payload) + len(plan.mask)
+        size = plan.downlink_bytes
         now = self.clock.now()
         self._dispatched_at[plan.task_id] = now
         send = self.clock.start(plan.task_id, node_id, size)
@@ -238,6 +238,8 @@ class AsyncRun:
             version=plan.version,
             bytes_down=size,
             mask_bytes=len(plan.mask),
+            factor_bytes=len(plan.factors),
+            ab_side=plan.ab_side,
             downlink_kind=plan.downlink.kind,
             downlink_lag=round(plan.downlink.lag, 6),
             uplink_codec=plan.uplink_spec,
@@ -256,6 +258,8 @@ class AsyncRun:
             task_seed=plan.seed,
             job=self.journal.job_id,
             mask=plan.mask,
+            ab_side=plan.ab_side,
+            factors=plan.factors,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
         if failure:
@@ -327,7 +331,7 @@ class AsyncRun:
             version=plan.version,
             staleness=staleness,
             bytes_up=len(reply.payload),
-            bytes_down=len(plan.downlink.payload) + len(plan.mask),
+            bytes_down=plan.downlink_bytes,
             num_examples=reply.num_examples,
             train_loss=reply.metrics.get(protocol.TRAIN_LOSS),
             sim_duration=round(duration, 6),

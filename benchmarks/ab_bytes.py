@@ -1,0 +1,106 @@
+"""Bytes per update of AB-Training against dense and PowerSGD at the same rank.
+
+Run ``python -m benchmarks.ab_bytes`` (writes ``benchmarks/results/ab_bytes.json``).
+
+For fedsync's LeNet-5 CNN (Fashion-MNIST) and its char-LSTM (Tiny Shakespeare), at
+ranks 2, 4 and 8, every row is the length of a real frame encoded by
+:class:`fedsync.codec.UpdateCodec` with the model's (or the side's) specs, from a
+seeded random update: for these specs (dense, ``uniform:8``, PowerSGD) a frame's length
+follows from the shapes alone, so any update of the model gives the same lengths.
+
+* ``dense fp32`` / ``dense uniform:8``: the whole update;
+* ``powersgd:<r>+uniform:8+ef``: factors ``P``, ``Q`` of every matrix worth it, the rest
+  fp16 (PowerSGD's fallback);
+* AB-Training side ``A`` / ``B`` with ``none+uniform:8``: the trained factor's delta of
+  every matrix worth it (the same rule as PowerSGD's), the rest 8-bit;
+* the frozen-factor frame an AB-Training task carries down (``none+fp16``, the default
+  ``downlink-codec``), per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedsync.codec import UpdateCodec, specs_of
+from fedsync.factored import SIDES, factor_shapes, frozen_specs, uplink_specs
+from fedsync.models import build_model
+from fedsync.updates import TensorSpec
+
+OUT = Path(__file__).resolve().parent / "results" / "ab_bytes.json"
+MODELS: dict[str, tuple[str, int, tuple[int, ...]]] = {
+    "cnn (LeNet-5, Fashion-MNIST)": ("cnn", 10, (1, 28, 28)),
+    "char-lstm-small (Tiny Shakespeare, cross-site)": ("char-lstm-small", 64, (80,)),
+}
+RANKS = (2, 4, 8)
+
+
+def frame_length(spec: str, specs: dict[str, TensorSpec], seed: int = 0) -> int:
+    """The length of a real frame of ``spec`` over a seeded random update of ``specs``."""
+    g = torch.Generator().manual_seed(seed)
+    update = {name: 0.01 * torch.randn(s.shape, generator=g) for name, s in specs.items()}
+    return len(UpdateCodec(spec, specs=specs).encode(update))
+
+
+def rows_for(model: str, classes: int, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Every row of one model."""
+    torch.manual_seed(0)
+    state = build_model(model, classes, shape).state_dict()
+    specs = specs_of({k: v.float() for k, v in state.items() if v.is_floating_point()})
+    dense = frame_length("none+fp32", specs)
+    result: dict[str, Any] = {
+        "parameters": sum(s.numel for s in specs.values()),
+        "dense_fp32": dense,
+        "dense_uniform8": frame_length("none+uniform:8", specs),
+        "ranks": {},
+    }
+    for rank in RANKS:
+        shapes = factor_shapes(specs, rank, 2.0)
+        row: dict[str, Any] = {
+            "factored": sorted(shapes),
+            "powersgd_uniform8": frame_length(f"powersgd:{rank}+uniform:8+ef", specs),
+        }
+        for side in SIDES:
+            row[f"ab_{side}_uniform8"] = frame_length(
+                "none+uniform:8", uplink_specs(specs, shapes, side)
+            )
+            row[f"ab_{side}_fp32"] = frame_length("none+fp32", uplink_specs(specs, shapes, side))
+            row[f"ab_{side}_frozen_fp16"] = frame_length("none+fp16", frozen_specs(shapes, side))
+        mean_ab = (row["ab_A_uniform8"] + row["ab_B_uniform8"]) / 2
+        row["ab_mean_uniform8"] = mean_ab
+        row["ab_vs_powersgd"] = round(mean_ab / row["powersgd_uniform8"], 4)
+        row["ab_vs_dense_fp32"] = round(mean_ab / dense, 4)
+        result["ranks"][str(rank)] = row
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    report = {
+        "command": "python -m benchmarks.ab_bytes",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "models": {label: rows_for(*spec) for label, spec in MODELS.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for label, model in report["models"].items():
+        print(f"{label}: {model['parameters']:,} parameters, dense fp32 {model['dense_fp32']:,} B")
+        for rank, row in model["ranks"].items():
+            print(
+                f"  rank {rank}: powersgd {row['powersgd_uniform8']:,} B; "
+                f"AB A {row['ab_A_uniform8']:,} / B {row['ab_B_uniform8']:,} B (mean {row['ab_vs_powersgd']:.2f}x powersgd, "
+                f"{row['ab_vs_dense_fp32']:.4f}x dense); frozen down A-task "
+                f"{row['ab_A_frozen_fp16']:,} / B-task {row['ab_B_frozen_fp16']:,} B"
+            )
+
+
+if __name__ == "__main__":
+    main()
