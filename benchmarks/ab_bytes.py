@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         for rank, row in model["ranks"].items():
             print(
                 f"  rank {rank}: powersgd {row['powersgd_uniform8']:,} B; "
-                f"AB A {row['ab_A_uniform8']:,} / B {row['ab_B_uniform8']:,} B (mean {row['ab_vs_powersgd']:.2f}x powersgd, "
+                f"AB A {row['ab_A_uniform8']:,} / B {row['ab_B_uniform8']:,} B "
+                f"(mean {row['ab_vs_powersgd']:.2f}x powersgd, "
                 f"{row['ab_vs_dense_fp32']:.4f}x dense); frozen down A-task "
                 f"{row['ab_A_frozen_fp16']:,} / B-task {row['ab_B_frozen_fp16']:,} B"
             )
