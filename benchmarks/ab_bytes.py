@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    report = {
+    report: dict[str, Any] = {
         "command": "python -m benchmarks.ab_bytes",
         "python": platform.python_version(),
         "torch": torch.__version__,
