@@ -1,6 +1,7 @@
-"""Bytes per update of AB-Training against dense and PowerSGD at the same rank.
+"""AB-Training against dense and PowerSGD at the same rank: bytes per update, and the
+cost of training in factored form.
 
-Run ``python -m benchmarks.ab_bytes`` (writes ``benchmarks/results/ab_bytes.json``).
+Run ``python -m benchmarks.ab_training`` (writes ``benchmarks/results/ab_training.json``).
 
 For fedsync's LeNet-5 CNN (Fashion-MNIST) and its char-LSTM (Tiny Shakespeare), at
 ranks 2, 4 and 8, every row is the length of a real frame encoded by
@@ -15,24 +16,37 @@ follows from the shapes alone, so any update of the model gives the same lengths
   every matrix worth it (the same rule as PowerSGD's), the rest 8-bit;
 * the frozen-factor frame an AB-Training task carries down (``none+fp16``, the default
   ``downlink-codec``), per side.
+
+The training cost: one local epoch of the CNN (1,600 seeded random images, batch 32,
+SGD with momentum, one thread) as a plain model and wrapped for side ``A`` and side
+``B`` (:class:`clients.ab_training.FactoredModel`), interleaved ``--repeats`` times;
+median, min and max wall seconds, and the ratio of medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from clients.ab_training import FactoredModel
 from fedsync.codec import UpdateCodec, specs_of
-from fedsync.factored import SIDES, factor_shapes, frozen_specs, uplink_specs
+from fedsync.data.types import ArrayDataset
+from fedsync.factored import SIDES, Side, factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models import build_model
+from fedsync.models.training import train
+from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec
 
-OUT = Path(__file__).resolve().parent / "results" / "ab_bytes.json"
+OUT = Path(__file__).resolve().parent / "results" / "ab_training.json"
 MODELS: dict[str, tuple[str, int, tuple[int, ...]]] = {
     "cnn (LeNet-5, Fashion-MNIST)": ("cnn", 10, (1, 28, 28)),
     "char-lstm-small (Tiny Shakespeare, cross-site)": ("char-lstm-small", 64, (80,)),
@@ -79,15 +93,59 @@ def rows_for(model: str, classes: int, shape: tuple[int, ...]) -> dict[str, Any]
     return result
 
 
+def training_seconds(repeats: int, rank: int = 4) -> dict[str, Any]:
+    """Wall seconds of one local epoch of the CNN, plain and in factored form."""
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((1600, 1, 28, 28)).astype(np.float32)
+    data = ArrayDataset(images, rng.integers(0, 10, 1600))
+    times: dict[str, list[float]] = {"plain": [], "A": [], "B": []}
+    for _ in range(repeats):
+        for mode in times:
+            torch.manual_seed(0)
+            model = build_model("cnn", 10, (1, 28, 28))
+            trainee: torch.nn.Module = model
+            if mode != "plain":
+                side: Side = "A" if mode == "A" else "B"
+                shapes = factor_shapes(tensor_specs(model_state(model)), rank, 2.0)
+                state = model.state_dict()
+                frozen = {
+                    name: split(state[name], shape)[1 if side == "A" else 0]
+                    for name, shape in shapes.items()
+                }
+                trainee = FactoredModel(model, shapes, frozen, side)
+            started = time.perf_counter()
+            train(trainee, data, epochs=1, batch_size=32, lr=0.1, momentum=0.9)
+            times[mode].append(time.perf_counter() - started)
+    plain = statistics.median(times["plain"])
+    return {
+        "rank": rank,
+        "repeats": repeats,
+        "seconds": {
+            mode: {
+                "median": round(statistics.median(v), 4),
+                "min": round(min(v), 4),
+                "max": round(max(v), 4),
+            }
+            for mode, v in times.items()
+        },
+        "ratio_A": round(statistics.median(times["A"]) / plain, 3),
+        "ratio_B": round(statistics.median(times["B"]) / plain, 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {
-        "command": "python -m benchmarks.ab_bytes",
+        "command": "python -m benchmarks.ab_training",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "models": {label: rows_for(*spec) for label, spec in MODELS.items()},
+        "training_epoch_cnn": training_seconds(args.repeats),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -101,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['ab_vs_dense_fp32']:.4f}x dense); frozen down A-task "
                 f"{row['ab_A_frozen_fp16']:,} / B-task {row['ab_B_frozen_fp16']:,} B"
             )
+    print("one CNN epoch (s):", report["training_epoch_cnn"])
 
 
 if __name__ == "__main__":
