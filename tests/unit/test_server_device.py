@@ -1,0 +1,182 @@
+"""``server-device``: the engine's state on one device, and the same bits as before on CPU.
+
+* A fixed, seeded sequence of tasks and real encoded replies drives the engine through
+  several versions in six settings (decaying top-k uplink with delta downlinks, a
+  pruned run with Nesterov momentum, FedAsync mixing with Adam and the sign transform,
+  PowerSGD factors with momentum, sparse and dense accumulators); a SHA-256 of the model, the
+  optimizer state, every downlink and mask frame and every verdict must equal the
+  digest the code wrote before the state could leave the host.
+* The state walker (:meth:`AggregationEngine.placement`) reaches every tensor the
+  engine holds: the test plants a tensor on another device in each part and the walker
+  must name it.
+* The engine built on a device holds nothing elsewhere: on ``cpu`` here, on ``meta``
+  for a resumed engine (model, optimizer state, masks: placement alone, nothing
+  computed), on CUDA where one is present (skipped otherwise).
+* Checkpoint state comes out as CPU tensors and resumes on another device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig, SettingsError
+from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.updates import TensorSpec
+from fedsync.wire.mask import decode_masks
+
+SHAPES: dict[str, tuple[int, ...]] = {
+    "embed.weight": (256, 64),
+    "fc1.weight": (24, 16),
+    "fc1.bias": (24,),
+    "fc2.weight": (10, 24),
+    "fc2.bias": (10,),
+}
+SPECS = {name: TensorSpec(name, shape) for name, shape in SHAPES.items()}
+
+
+def initial_state() -> dict[str, torch.Tensor]:
+    """A seeded model, plus an integer buffer the engine passes through untouched."""
+    generator = torch.Generator().manual_seed(7)
+    state = {name: torch.randn(shape, generator=generator) * 0.1 for name, shape in SHAPES.items()}
+    state["bn.num_batches_tracked"] = torch.tensor(3, dtype=torch.int64)
+    return state
+
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    # TEASQ as configured by default: decaying top-k + 8..4 bits + EF up, delta downlinks.
+    "teasq-delta": {"strategy": "teasq", "buffer_size": 2, "density_decay": 0.2},
+    # A pruned run (cut at version 2) with Nesterov momentum and whole-model downlinks.
+    "fedbuff-pruned-nesterov": {
+        "strategy": "fedbuff",
+        "buffer_size": 2,
+        "server_optimizer": "nesterov",
+        "server_learning_rate": 0.7,
+        "downlink_kind": "full",
+        "prune_at_version": 2,
+        "prune_sparsity": 0.5,
+    },
+    # Model mixing (needs each task's start model) with Adam and the sign transform.
+    "fedasync-mix-adam-sign": {
+        "strategy": "fedasync-mix",
+        "server_optimizer": "adam",
+        "server_learning_rate": 0.01,
+        "server_update_transform": "sign",
+    },
+    # Low-rank factors in the buffer, momentum on the server.
+    "fedbuff-powersgd-momentum": {
+        "strategy": "fedbuff",
+        "buffer_size": 3,
+        "uplink_codec": "powersgd:2+uniform:8",
+        "server_optimizer": "momentum",
+    },
+    # Very sparse updates: the large tensor stays in the buffer's sparse accumulator.
+    "fedbuff-sparse": {
+        "strategy": "fedbuff",
+        "buffer_size": 2,
+        "uplink_codec": "topk:0.002+fp32",
+    },
+    # Dense updates (every position): the buffer's dense accumulators.
+    "fedbuff-dense": {
+        "strategy": "fedbuff",
+        "buffer_size": 3,
+        "uplink_codec": "none+uniform:8",
+        "downlink_kind": "full",
+        "downlink_codec": "none+fp32",
+    },
+}
+
+DIGESTS = {
+    "teasq-delta": "a9a2bbbc839132aca98b61afa2467f6bd17b6bb5cc13c16efae24dd05baada26",
+    "fedbuff-pruned-nesterov": "c157cafbb65065467e21433a446c140addd0e9710a62d89d3529e5debcf363c1",
+    "fedasync-mix-adam-sign": "1dcca5211899f73a2d6e2376419e69f428e53ba8b067ee74ee69117bc7e24f1d",
+    "fedbuff-powersgd-momentum": "81d9b4dcf20118526633209e8bd88a7ad944fe3ed9b84cd4475c922a2f39cc7b",
+    "fedbuff-dense": "f9853bf12aa8df63b14b734e6ec477cf07422f289e559bb83b9a5b34bba5ba38",
+    "fedbuff-sparse": "f3f545be72b8a2e2683308e751438c1f0726f1788510e86301322f1944d2d8ad",
+}
+"""SHA-256 of :func:`drive` per setting, written by the engine before ``server-device``
+(every tensor then on the host): CPU runs must keep these bits."""
+
+
+class _Digest:
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def text(self, value: object) -> None:
+        self._hash.update(repr(value).encode() + b"\0")
+
+    def tensor(self, name: str, tensor: torch.Tensor) -> None:
+        host = tensor.detach().to("cpu").contiguous()
+        self.text((name, str(host.dtype), tuple(host.shape)))
+        self._hash.update(host.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _reply(plan: TaskPlan, masks: dict[str, torch.Tensor] | None) -> bytes:
+    """A device's update for ``plan``: seeded by the task's seed, encoded for real."""
+    generator = torch.Generator().manual_seed(plan.seed)
+    delta = {
+        name: torch.randn(shape, generator=generator) * 0.05 for name, shape in SHAPES.items()
+    }
+    codec = UpdateCodec(plan.uplink_spec, seed=plan.seed, specs=SPECS, masks=masks)
+    return codec.encode(delta)
+
+
+def drive(engine: AggregationEngine, *, tasks: int = 24) -> str:
+    """Run a fixed schedule of tasks through ``engine``; the digest of all it produced.
+
+    Four devices, two tasks in flight per device at most: replies come back in an order
+    that makes some stale, every fifth task is lost (its device gets a full payload
+    next), and one reply is garbage (rejected, nothing changes).
+    """
+    digest = _Digest()
+    masks: dict[str, torch.Tensor] | None = None
+    in_flight: list[TaskPlan] = []
+    for number in range(1, tasks + 1):
+        plan = engine.plan_task(node_id=number % 4, number=number)
+        digest.text((plan.task_id, plan.version, plan.uplink_spec, plan.downlink.kind))
+        digest.text(plan.downlink.payload)
+        digest.text(plan.mask)
+        if plan.mask:
+            masks = decode_masks(plan.mask, SPECS).masks
+        in_flight.append(plan)
+        if number % 5 == 0:
+            engine.forget(in_flight.pop(0))
+        # Replies: the newest first every third task, else the oldest (staleness).
+        while len(in_flight) >= 3 or (number == tasks and in_flight):
+            done = in_flight.pop(-1 if number % 3 == 0 else 0)
+            payload = b"not a frame" if number == 7 else _reply(done, masks)
+            staleness = engine.arrived(done, len(payload))
+            verdict = engine.receive(done, payload, num_examples=10 + done.number)
+            digest.text((done.task_id, staleness, verdict.status, verdict.kind, verdict.updates))
+            digest.text(float(verdict.weight_sum).hex())
+    digest.text(engine.version)
+    for name, tensor in engine.state.items():
+        digest.tensor(name, tensor)
+    optimizer = engine.optimizer.state_dict()
+    digest.text((optimizer["kind"], optimizer["steps"]))
+    for slot, tensors in sorted(optimizer["buffers"].items()):
+        for name, tensor in sorted(tensors.items()):
+            digest.tensor(f"{slot}/{name}", tensor)
+    digest.text(engine.tally.bytes_up)
+    digest.text(engine.tally.bytes_down)
+    return digest.hexdigest()
+
+
+def build(name: str, **kwargs: Any) -> AggregationEngine:
+    return AggregationEngine(RunConfig.of(**SETTINGS[name]), initial_state(), **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_cpu_runs_keep_the_bits_of_the_host_only_engine(name: str) -> None:
+    engine = build(name)
+    digest = drive(engine)
+    assert engine.version >= 3, "the schedule must step the model a few times"
+    assert digest == DIGESTS[name]
