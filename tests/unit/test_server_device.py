@@ -20,15 +20,22 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
+from fedsync.aggregation.placement import misplaced, tensor_devices
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.reports import RunRecorder
 from fedsync.updates import TensorSpec
 from fedsync.wire.mask import decode_masks
+from server.checkpoint import CheckpointStore, load_checkpoint
+from server.journal import RunJournal
+
+CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"
+)
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "embed.weight": (256, 64),
@@ -122,9 +129,7 @@ class _Digest:
 def _reply(plan: TaskPlan, masks: dict[str, torch.Tensor] | None) -> bytes:
     """A device's update for ``plan``: seeded by the task's seed, encoded for real."""
     generator = torch.Generator().manual_seed(plan.seed)
-    delta = {
-        name: torch.randn(shape, generator=generator) * 0.05 for name, shape in SHAPES.items()
-    }
+    delta = {name: torch.randn(shape, generator=generator) * 0.05 for name, shape in SHAPES.items()}
     codec = UpdateCodec(plan.uplink_spec, seed=plan.seed, specs=SPECS, masks=masks)
     return codec.encode(delta)
 
@@ -157,6 +162,20 @@ def drive(engine: AggregationEngine, *, tasks: int = 24) -> str:
             verdict = engine.receive(done, payload, num_examples=10 + done.number)
             digest.text((done.task_id, staleness, verdict.status, verdict.kind, verdict.updates))
             digest.text(float(verdict.weight_sum).hex())
+    _add_model(digest, engine)
+    digest.text(engine.tally.bytes_up)
+    digest.text(engine.tally.bytes_down)
+    return digest.hexdigest()
+
+
+def model_digest(engine: AggregationEngine) -> str:
+    """SHA-256 of the engine's version, model and server-optimizer state."""
+    digest = _Digest()
+    _add_model(digest, engine)
+    return digest.hexdigest()
+
+
+def _add_model(digest: _Digest, engine: AggregationEngine) -> None:
     digest.text(engine.version)
     for name, tensor in engine.state.items():
         digest.tensor(name, tensor)
@@ -165,9 +184,6 @@ def drive(engine: AggregationEngine, *, tasks: int = 24) -> str:
     for slot, tensors in sorted(optimizer["buffers"].items()):
         for name, tensor in sorted(tensors.items()):
             digest.tensor(f"{slot}/{name}", tensor)
-    digest.text(engine.tally.bytes_up)
-    digest.text(engine.tally.bytes_down)
-    return digest.hexdigest()
 
 
 def build(name: str, **kwargs: Any) -> AggregationEngine:
@@ -180,3 +196,176 @@ def test_cpu_runs_keep_the_bits_of_the_host_only_engine(name: str) -> None:
     digest = drive(engine)
     assert engine.version >= 3, "the schedule must step the model a few times"
     assert digest == DIGESTS[name]
+
+
+@CUDA
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_cuda_runs_write_the_same_bits(name: str) -> None:
+    engine = build(name, device="cuda")
+    assert drive(engine) == DIGESTS[name]
+    assert misplaced(engine.placement(), "cuda") == {}
+
+
+# --- the run config -------------------------------------------------------------------------
+def test_server_device_defaults_to_cpu_and_auto_follows_the_gpu() -> None:
+    assert RunConfig().asynchronous.server_device == "cpu"
+    assert RunConfig().asynchronous.server_torch_device() == torch.device("cpu")
+    auto = RunConfig.of(server_device="auto").asynchronous.server_torch_device()
+    assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert build("fedbuff-dense").device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value", ["gpu", "CUDA", "cuda:", "cuda:x", "mps", "meta", ""])
+def test_an_unknown_server_device_names_the_key(value: str) -> None:
+    with pytest.raises(SettingsError, match=r"'server-device' must be cpu, cuda, cuda:N or auto"):
+        RunConfig.of(server_device=value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this server has a GPU")
+@pytest.mark.parametrize("value", ["cuda", "cuda:0", "cuda:3"])
+def test_a_gpu_this_server_lacks_is_a_settings_error_naming_the_key(value: str) -> None:
+    # Nodes read the same run config and need no GPU: it parses, the engine refuses.
+    config = RunConfig.of(strategy="fedbuff", server_device=value)
+    with pytest.raises(SettingsError, match=r"'server-device' asks for a GPU this server lacks"):
+        AggregationEngine(config, initial_state())
+
+
+# --- where the state lives ------------------------------------------------------------------
+def busy_engine(name: str, **kwargs: Any) -> AggregationEngine:
+    """An engine driven a while, then holding an update in its buffer (``K > 1``) and a
+    task in flight."""
+    engine = build(name, **kwargs)
+    drive(engine)
+    masks = engine.pruned.masks if engine.pruned is not None else None
+    for number in range(100, 100 + engine.strategy.buffer_size):
+        if len(engine.buffer) > 0 or engine.strategy.buffer_size == 1:
+            break
+        plan = engine.plan_task(node_id=1, number=number)
+        engine.arrived(plan, 0)
+        engine.receive(plan, _reply(plan, masks), num_examples=10)
+    assert len(engine.buffer) > 0 or engine.strategy.buffer_size == 1
+    engine.plan_task(node_id=2, number=200)
+    return engine
+
+
+# Per setting: paths the walker must find (every part of the state the setting uses).
+PARTS = {
+    "teasq-delta": ["state[", "buffer._sums[", "downlink._replicas[", "downlink._full["],
+    "fedbuff-pruned-nesterov": ["state[", "buffer._sums[", "optimizer._velocity[", "pruned.masks["],
+    # The task's start model is the downlink's pending replica (one dict, walked once).
+    "fedasync-mix-adam-sign": ["state[", "optimizer._m[", "optimizer._v[", "downlink._pending["],
+    "fedbuff-powersgd-momentum": ["buffer._lowrank[", "optimizer._velocity["],
+    "fedbuff-sparse": ["buffer._sparse[", "buffer._sums["],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARTS))
+def test_every_tensor_of_the_engine_is_on_the_server_device(name: str) -> None:
+    engine = busy_engine(name)
+    found = engine.placement()
+    for part in PARTS[name]:
+        assert any(path.startswith(part) for path in found), (part, sorted(found)[:8])
+    assert "state['bn.num_batches_tracked']" in found  # the untrained tensors too
+    if engine.strategy.needs_start_model:
+        assert engine._starts
+    assert misplaced(found, "cpu") == {}
+
+
+@CUDA
+@pytest.mark.parametrize("name", sorted(PARTS))
+def test_every_tensor_of_a_cuda_engine_is_on_the_gpu(name: str) -> None:
+    engine = busy_engine(name, device="cuda")
+    found = engine.placement()
+    for part in PARTS[name]:
+        assert any(path.startswith(part) for path in found), part
+    assert misplaced(found, "cuda") == {}
+
+
+def test_the_walker_names_a_tensor_left_on_another_device_in_any_part() -> None:
+    engine = busy_engine("fedbuff-pruned-nesterov")
+    stray = torch.empty(2, device="meta")
+    engine.state["stray"] = stray
+    engine.buffer._sums["stray"] = stray.clone()
+    engine.optimizer._velocity["stray"] = stray.clone()  # type: ignore[attr-defined]
+    assert engine.pruned is not None
+    engine.pruned.masks["stray"] = stray.clone()
+    engine.downlink._replicas[7] = {"stray": stray.clone()}
+    engine._starts["task-x"] = {"stray": stray.clone()}
+    engine.tally.__dict__["stray"] = [None, (stray.clone(),)]  # nested in a plain object
+    assert sorted(misplaced(engine.placement(), "cpu")) == sorted(
+        [
+            "state['stray']",
+            "buffer._sums['stray']",
+            "optimizer._velocity['stray']",
+            "pruned.masks['stray']",
+            "downlink._replicas[7]['stray']",
+            "_starts['task-x']['stray']",
+            "tally.stray[1][0]",
+        ]
+    )
+
+
+def test_the_walker_lists_host_arrays_and_follows_cycles() -> None:
+    import numpy as np
+
+    cycle: dict[str, Any] = {"array": np.zeros(3), "meta": torch.empty(1, device="meta")}
+    cycle["self"] = cycle
+    found = tensor_devices(cycle, name="root")
+    assert found == {"root['array']": torch.device("cpu"), "root['meta']": torch.device("meta")}
+    assert misplaced(found, "meta") == {"root['array']": torch.device("cpu")}
+
+
+# --- checkpoints: CPU tensors, resumed on any device ----------------------------------------
+def saved_checkpoint(engine: AggregationEngine, folder: Any) -> Any:
+    journal = RunJournal(engine, RunRecorder(folder, "run"), lambda state: {})
+    path = CheckpointStore(folder / "checkpoints").save(journal.checkpoint())
+    return load_checkpoint(path)
+
+
+def resumed(engine: AggregationEngine, checkpoint: Any, device: str) -> AggregationEngine:
+    return AggregationEngine(
+        engine.config,
+        checkpoint.global_state,
+        device=device,
+        version=checkpoint.version,
+        optimizer_state=checkpoint.optimizer_state,
+        pruning_state=checkpoint.pruning,
+    )
+
+
+def test_a_checkpoint_holds_cpu_copies_and_resumes_on_another_device(tmp_path: Any) -> None:
+    engine = busy_engine("fedbuff-powersgd-momentum")
+    checkpoint = saved_checkpoint(engine, tmp_path)
+    for name, tensor in engine.state.items():
+        assert checkpoint.global_state[name].device.type == "cpu"
+        assert torch.equal(checkpoint.global_state[name], tensor)
+    velocity = checkpoint.optimizer_state["buffers"]["velocity"]
+    assert velocity and all(t.device.type == "cpu" for t in velocity.values())
+    # Placed, not computed: on the meta device every tensor of the resumed state is moved.
+    on_meta = resumed(engine, checkpoint, "meta")
+    found = on_meta.placement()
+    assert any(path.startswith("optimizer._velocity[") for path in found)
+    assert misplaced(found, "meta") == {}
+    # On the host it continues the saved engine's trajectory exactly (the downlinks
+    # differ: a resumed server holds no replicas, so every device gets a full model).
+    again = resumed(engine, checkpoint, "cpu")
+    engine.discard_buffer()
+    assert model_digest(again) == model_digest(engine)
+    drive(again, tasks=9)
+    drive(engine, tasks=9)
+    assert again.version == engine.version > checkpoint.version
+    assert model_digest(again) == model_digest(engine)
+
+
+@CUDA
+@pytest.mark.parametrize("name", ["fedbuff-pruned-nesterov", "fedasync-mix-adam-sign"])
+def test_a_checkpoint_written_on_cuda_resumes_on_cpu(name: str, tmp_path: Any) -> None:
+    engine = busy_engine(name, device="cuda")
+    checkpoint = saved_checkpoint(engine, tmp_path)
+    assert all(t.device.type == "cpu" for t in checkpoint.global_state.values())
+    host = resumed(engine, checkpoint, "cpu")
+    assert misplaced(host.placement(), "cpu") == {}
+    for name_, tensor in engine.state.items():
+        assert torch.equal(host.state[name_], tensor.cpu())
+    drive(host, tasks=6)
+    assert host.version > checkpoint.version
