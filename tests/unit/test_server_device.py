@@ -3,16 +3,17 @@
 * A fixed, seeded sequence of tasks and real encoded replies drives the engine through
   several versions in six settings (decaying top-k uplink with delta downlinks, a
   pruned run with Nesterov momentum, FedAsync mixing with Adam and the sign transform,
-  PowerSGD factors with momentum, sparse and dense accumulators); a SHA-256 of the model, the
-  optimizer state, every downlink and mask frame and every verdict must equal the
-  digest the code wrote before the state could leave the host.
+  PowerSGD factors with momentum, sparse and dense accumulators); a SHA-256 of the
+  model, the optimizer state, every downlink and mask frame and every verdict must
+  equal the digest the engine wrote before ``server-device`` (everything on the host).
 * The state walker (:meth:`AggregationEngine.placement`) reaches every tensor the
   engine holds: the test plants a tensor on another device in each part and the walker
   must name it.
 * The engine built on a device holds nothing elsewhere: on ``cpu`` here, on ``meta``
-  for a resumed engine (model, optimizer state, masks: placement alone, nothing
-  computed), on CUDA where one is present (skipped otherwise).
-* Checkpoint state comes out as CPU tensors and resumes on another device.
+  for an engine resumed from a checkpoint (model and optimizer state: placement alone,
+  nothing computed), on CUDA where one is present (skipped otherwise, as is every
+  CUDA test here).
+* Checkpoints hold CPU tensors; one written on CUDA resumes on the host.
 """
 
 from __future__ import annotations
