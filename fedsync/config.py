@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,10 @@ __all__ = [
 ]
 
 ConfigValue = bool | int | float | str
+
+
+_SERVER_DEVICE = re.compile(r"^(cpu|auto|cuda(:[0-9]+)?)$")
+"""The values ``server-device`` takes."""
 
 
 class SettingsError(ValueError):
@@ -167,8 +172,8 @@ class TrainingSection(Section):
     )
     device: str = key(
         "auto",
-        "torch device for training and, on the server, for central evaluation and the "
-        "aggregation buffer (`auto`: CUDA when present); a node's `device` node config wins",
+        "torch device for training and, on the server, for central evaluation (`auto`: "
+        "CUDA when present); a node's `device` node config wins",
     )
 
     def __post_init__(self) -> None:
@@ -266,8 +271,16 @@ class AsyncSection(Section):
         "applied to the aggregated update before the server optimizer: none / sign (DeMo's "
         "sign-of-update: every moved coordinate steps by server-learning-rate)",
     )
+    server_device: str = key(
+        "cpu",
+        "where the server holds the global model, update buffer, optimizer state, downlink "
+        "replicas and pruning masks, and decodes uplinks to: cpu / cuda / cuda:N / auto "
+        "(cuda when present)",
+    )
 
     def __post_init__(self) -> None:
+        if not _SERVER_DEVICE.match(self.server_device):
+            _fail("server-device", "must be cpu, cuda, cuda:N or auto", self.server_device)
         if self.concurrency < 1:
             _fail("concurrency", "must be >= 1", self.concurrency)
         if self.buffer_size < 1:
@@ -286,6 +299,30 @@ class AsyncSection(Section):
             )
         except ValueError as err:
             raise SettingsError(str(err)) from err
+
+    def server_torch_device(self) -> torch.device:
+        """The ``server-device`` setting as the torch device this process can use.
+
+        Checked here, on the server, not when the run config is read: the nodes read
+        the same run config and need no GPU for the server's.
+
+        Raises
+        ------
+        SettingsError
+            When a CUDA device is asked for that torch does not see, naming the key.
+        """
+        name = self.server_device
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if name == "cpu" or (name == "auto" and not available):
+            return torch.device("cpu")
+        if name in ("auto", "cuda"):
+            index = torch.cuda.current_device() if available else 0
+        else:
+            index = int(name.removeprefix("cuda:"))
+        if index >= available:
+            seen = f"{available} CUDA device(s)" if available else "no CUDA device"
+            _fail("server-device", f"asks for a GPU this server lacks (torch sees {seen})", name)
+        return torch.device("cuda", index)
 
 
 @dataclass(frozen=True)

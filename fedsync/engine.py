@@ -46,6 +46,7 @@ from fedsync.aggregation.downlink import (
     UpdateCodecLike,
 )
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
+from fedsync.aggregation.placement import canonical_device, tensor_devices
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
 from fedsync.config import RunConfig, SettingsError
@@ -162,9 +163,10 @@ class AggregationEngine:
         Spec string -> codec; default :func:`default_codec_factory` with the run's seed.
     norm_guard : UpdateNormGuard, optional
         Rejects updates of absurd L2 norm; none: no norm check.
-    device : str or torch.device
-        Where the aggregation buffer lives (decoded sparse updates are scatter-added
-        there; the global model and the server optimizer stay on the host).
+    device : str or torch.device, optional
+        Where the engine's state lives (global model, update buffer, optimizer state,
+        downlink replicas, pruning masks) and uplinks are decoded to; default: the
+        run config's ``server-device``. Only encoded payloads (bytes) leave it.
     version : int
         The model version of ``global_state`` (a resumed run).
     optimizer_state : dict, optional
@@ -181,7 +183,7 @@ class AggregationEngine:
         *,
         codec_factory: CodecFactory | None = None,
         norm_guard: UpdateNormGuard | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         version: int = 0,
         optimizer_state: Mapping[str, Any] | None = None,
         pruning_state: Mapping[str, Any] | None = None,
@@ -189,6 +191,12 @@ class AggregationEngine:
         if config.strategy not in STRATEGIES:
             raise SettingsError(f"strategy {config.strategy!r} does not run on the engine")
         self.config = config
+        self.device = (
+            config.asynchronous.server_torch_device()
+            if device is None
+            else canonical_device(device)
+        )
+        """Where every tensor of the engine's state lives (see :meth:`placement`)."""
         self.strategy: Strategy = STRATEGIES[config.strategy](config.asynchronous)
         decaying = self.strategy.decaying_compression
         self.schedule = config.compression.schedule(decaying=decaying)
@@ -201,10 +209,10 @@ class AggregationEngine:
             transform=settings.server_update_transform,
         )
         if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+            self.optimizer.load_state_dict(optimizer_state, device=self.device)
         self.norm_guard = norm_guard
         # --- the global model: float tensors are trained, the rest passed through ---
-        self.state = {k: v.detach().to("cpu", copy=True) for k, v in global_state.items()}
+        self.state = {k: v.detach().to(self.device, copy=True) for k, v in global_state.items()}
         self.trained = {k: v for k, v in self.state.items() if v.is_floating_point()}
         if not self.trained:
             raise ValueError("global_state has no floating-point tensors to train")
@@ -244,12 +252,13 @@ class AggregationEngine:
             ),
             keep_start=self.strategy.needs_start_model,
             max_lag=compression.downlink_max_lag,
+            device=self.device,
         )
         self.buffer = UpdateBuffer(
             self.specs,
             capacity=self.strategy.buffer_size,
             normalization=self.strategy.normalization,
-            device=device,
+            device=self.device,
         )
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
@@ -279,6 +288,7 @@ class AggregationEngine:
                 min_rate=compression.ab_min_rate,
                 schedule=compression.ab_schedule,
                 refactor_every=compression.ab_refactor_every,
+                device=self.device,
                 codec_factory=lambda specs: default_codec_factory(
                     compression.downlink_codec, seed=seed, specs=specs
                 ),
@@ -375,10 +385,8 @@ class AggregationEngine:
         self.tally.staleness[staleness] += 1
         if not self.buffer.is_full:
             return Verdict("buffered", staleness)
-        aggregate = self.buffer.take()
-        # The buffer may live on a GPU; the global model and optimizer state do not.
-        step = {name: delta.to("cpu") for name, delta in aggregate.update.items()}
-        self.optimizer.step(self.trained, step)
+        aggregate = self.buffer.take()  # on the model's device: no copy to step with
+        self.optimizer.step(self.trained, aggregate.update)
         self.version += 1
         if self.pruned is not None:
             # The optimizer's momentum from before the cut must not revive pruned entries.
@@ -393,7 +401,7 @@ class AggregationEngine:
         # An AB-Training reply holds factor deltas: its schema is its side's.
         expected = self.ab.schema(plan.task_id) if self.ab and plan.ab_side else self.specs
         try:
-            update = self._codec(plan.uplink_spec).decode(payload, expected)
+            update = self._codec(plan.uplink_spec).decode(payload, expected, device=self.device)
         except Exception as err:  # any failure to decode is the payload's fault here
             return f"decode failed: {type(err).__name__}: {err}"
         try:
@@ -416,6 +424,16 @@ class AggregationEngine:
         discarded = len(self.buffer)
         self.buffer.clear()
         return discarded
+
+    def placement(self) -> dict[str, torch.device]:
+        """The device of every tensor the engine holds, by path (``buffer._sums['w']``).
+
+        Everything is walked (:func:`~fedsync.aggregation.placement.tensor_devices`) but
+        the codecs: they hold no state of the run, only what they derive from the masks
+        (their own copy of the mask positions, to decode frames by) and nothing at all
+        when no model is pruned. Every entry should be :attr:`device`.
+        """
+        return tensor_devices(self, skip=_is_codec)
 
     def describe(self) -> dict[str, Any]:
         """The strategy, optimizer and guard, for ``summary.json``."""
@@ -478,6 +496,10 @@ def task_seed(seed: int, number: int) -> int:
     """A distinct, reproducible 31-bit seed (torch/numpy) per (run seed, task number)."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFF, number]).generate_state(1)[0]
     return int(state) & 0x7FFFFFFF
+
+
+def _is_codec(obj: object) -> bool:
+    return callable(getattr(obj, "encode", None)) and callable(getattr(obj, "decode", None))
 
 
 def _rejection_kind(why: str) -> str:

@@ -18,7 +18,9 @@ Run-config keys (:class:`fedsync.config.CheckpointSection`):
 * ``resume-from`` -- continue from this checkpoint file, or the newest in this folder.
 
 The files are ``torch.save`` dicts of tensors and plain values, read back with
-``weights_only=True``: loading a checkpoint cannot run code.
+``weights_only=True``: loading a checkpoint cannot run code. Their tensors are CPU
+tensors whatever ``server-device`` held them, and the engine moves them onto its own: a
+job saved on a GPU server resumes on a CPU one, and the other way round.
 """
 
 from __future__ import annotations

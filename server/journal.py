@@ -169,7 +169,7 @@ class RunJournal:
         earlier = self.resumed.evaluations if self.resumed is not None else []
         return AsyncCheckpoint(
             engine.version,
-            {k: v.clone() for k, v in engine.state.items()},
+            {k: v.detach().to("cpu", copy=True) for k, v in engine.state.items()},
             engine.optimizer.state_dict(),
             self.sim_now(),
             self.tally.bytes_up,

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from fedsync.aggregation.downlink import CodecFactory
 from fedsync.aggregation.guard import UpdateNormGuard
 from fedsync.clock import Clock
-from fedsync.config import RunConfig, resolve_device
+from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine
 from fedsync.reports import RunRecorder, RunSummary
 from server.async_run import AsyncRun, EvaluateFn
@@ -72,7 +72,7 @@ def run_async(
     checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
     norm_guard: UpdateNormGuard | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
 ) -> AsyncResult:
     """Run the asynchronous strategy ``config.strategy`` over the Grid to a stop condition.
 
@@ -100,8 +100,8 @@ def run_async(
         The norm check; default: the one the run config's guard keys describe.
     sleep : callable
         How to wait between empty pulls (tests pass a no-op).
-    device : str or torch.device
-        Where the aggregation buffer lives.
+    device : str or torch.device, optional
+        Where the engine keeps its state; default: the run config's ``server-device``.
     """
     engine = AggregationEngine(
         config,
@@ -142,8 +142,9 @@ def run_async_strategy(
     """The registry's runner for every asynchronous strategy.
 
     Checkpoints and resuming follow the run config (:mod:`server.checkpoint`), the
-    norm check too; the run's ``device`` ("auto": CUDA when the server sees one) also
-    hosts the aggregation buffer, so a GPU server scatter-adds there.
+    norm check too; ``server-device`` says where the engine keeps the model, the buffer
+    and the optimizer state (a checkpoint written on one device resumes on any other),
+    ``device`` where the central evaluation runs.
     """
     section = config.checkpoints
     store = store_for(section, recorder.folder)
@@ -162,7 +163,6 @@ def run_async_strategy(
         evaluate_fn=evaluator,
         resume=resume,
         checkpoint_fn=store.save if section.checkpoint_every > 0 else None,
-        device=resolve_device(config.training.device),
     )
     outcome.result.details["checkpoints"] = {
         "every": section.checkpoint_every,

@@ -63,6 +63,8 @@ class ABTraining:
         ``ab-refactor-every``: versions per split.
     codec_factory : callable
         Schema -> codec of the frozen-factor frames.
+    device : str or torch.device
+        Where the frozen factors are kept (the engine's ``server-device``).
 
     Raises
     ------
@@ -79,7 +81,9 @@ class ABTraining:
         schedule: str,
         refactor_every: int,
         codec_factory: Callable[[Mapping[str, TensorSpec]], UpdateCodecLike],
+        device: str | torch.device = "cpu",
     ) -> None:
+        self.device = torch.device(device)
         self.shapes: dict[str, FactorShape] = factor_shapes(specs, rank, min_rate)
         if not self.shapes:
             raise SettingsError(
@@ -146,7 +150,9 @@ class ABTraining:
             payload = codec.encode(factors[frozen])
             decoded = densify(codec.decode(payload, self._frozen_specs[side]))
             epoch.payload[side] = payload
-            epoch.frozen[side] = {name: t.to(torch.float32) for name, t in decoded.items()}
+            epoch.frozen[side] = {
+                name: t.to(self.device, torch.float32) for name, t in decoded.items()
+            }
         self._epoch = epoch
         self.splits += 1
         return epoch

@@ -41,8 +41,14 @@ class UpdateCodecLike(Protocol):
         """Compress dense tensors into one payload."""
         ...
 
-    def decode(self, payload: bytes, expected: Mapping[str, TensorSpec]) -> SparseUpdate:
-        """Decode a payload, checking it against the expected tensors."""
+    def decode(
+        self,
+        payload: bytes,
+        expected: Mapping[str, TensorSpec],
+        *,
+        device: torch.device | str = "cpu",
+    ) -> SparseUpdate:
+        """Decode a payload onto ``device``, checking it against the expected tensors."""
         ...
 
 
@@ -86,6 +92,9 @@ class DownlinkEncoder:
         replaced by a full payload: a codec too coarse for the change (4-bit dense
         deltas on heavy-tailed updates, say) cannot then let devices drift away from
         the global model while the server-side residual grows.
+    device : str or torch.device
+        Where the replicas and starts live (the global model's device): payloads are
+        decoded there, so only their bytes cross.
     """
 
     def __init__(
@@ -97,6 +106,7 @@ class DownlinkEncoder:
         delta_codec: Callable[[int], UpdateCodecLike] | None = None,
         keep_start: bool = False,
         max_lag: float = math.inf,
+        device: str | torch.device = "cpu",
     ) -> None:
         if kind not in ("full", "delta"):
             raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
@@ -108,6 +118,7 @@ class DownlinkEncoder:
         self._delta_codec = delta_codec
         self.keep_start = keep_start
         self.max_lag = max_lag
+        self.device = torch.device(device)
         self.resyncs = 0
         """Delta payloads replaced by a full one because their lag exceeded ``max_lag``."""
         # --- caches and per-device state ---
@@ -158,7 +169,7 @@ class DownlinkEncoder:
         # the specs the device decodes against.
         diff = {name: (state[name] - replica[name]).to(state[name].dtype) for name in self.specs}
         payload = codec.encode(diff)
-        decoded = densify(codec.decode(payload, self.specs))
+        decoded = densify(codec.decode(payload, self.specs, device=self.device))
         start = {
             name: (replica[name] + decoded[name]).to(replica[name].dtype) for name in self.specs
         }
@@ -206,7 +217,7 @@ class DownlinkEncoder:
         if self._full is None or self._full[0] != version:
             payload = self._full_codec.encode({name: state[name] for name in self.specs})
             decoded = (
-                densify(self._full_codec.decode(payload, self.specs))
+                densify(self._full_codec.decode(payload, self.specs, device=self.device))
                 if self.kind == "delta" or self.keep_start
                 else None
             )

@@ -40,6 +40,9 @@ class PrunedModel:
     masks : mapping of str to torch.Tensor, optional
         The masks of an earlier cut (a resumed run, :meth:`restore`); default: cut
         ``state`` by magnitude now.
+
+    The masks are kept where the tensors they cut live (applying them after each
+    server step copies nothing); the frame and the digest are made once, on the host.
     """
 
     def __init__(
@@ -51,13 +54,15 @@ class PrunedModel:
         version: int,
         masks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        self.masks = dict(masks) if masks is not None else magnitude_masks(state, sparsity)
-        self.digest = mask_digest(self.masks)
+        # The cut as made (by magnitude, or decoded from a checkpoint): host tensors.
+        cut = masks if masks is not None else magnitude_masks(state, sparsity)
+        self.digest = mask_digest(cut)
         self.version = version
         self.sparsity = sparsity
-        self.payload = encode_masks(self.masks, specs, version)
+        self.payload = encode_masks(cut, specs, version)
         """The mask frame every device gets once."""
-        self.kept = {name: int(mask.sum()) for name, mask in self.masks.items()}
+        self.kept = {name: int(mask.sum()) for name, mask in cut.items()}
+        self.masks = {name: mask.to(state[name].device) for name, mask in cut.items()}
         self._holders: set[int] = set()
         self._pending: set[int] = set()
         self.sent = 0

@@ -17,9 +17,10 @@ Before the step, each tensor of ``Δ`` passes through the optimizer's update tra
 (:mod:`fedsync.aggregation.update_transform`; ``none`` by default, ``sign`` for DeMo's
 sign-of-update): the optimizer steps with ``Δ' = transform(Δ)`` in place of ``Δ``.
 
-All step the model in place and keep their state in float32 tensors beside it;
-:meth:`ServerOptimizer.state_dict` / :meth:`ServerOptimizer.load_state_dict` carry that
-state through a checkpoint so a restarted run continues the same trajectory.
+All step the model in place and keep their state in float32 tensors beside it, on its
+device; :meth:`ServerOptimizer.state_dict` (CPU tensors) /
+:meth:`ServerOptimizer.load_state_dict` (onto a given device) carry that state through a
+checkpoint so a restarted run continues the same trajectory, on any device.
 """
 
 from __future__ import annotations
@@ -121,13 +122,25 @@ class ServerOptimizer(ABC):
             "learning_rate": self.learning_rate,
             "steps": self.steps,
             "buffers": {
-                slot: {name: tensor.detach().cpu().clone() for name, tensor in tensors.items()}
+                slot: {
+                    name: tensor.detach().to("cpu", copy=True) for name, tensor in tensors.items()
+                }
                 for slot, tensors in self._buffers().items()
             },
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(
+        self, state: Mapping[str, Any], *, device: str | torch.device | None = None
+    ) -> None:
         """Restore what :meth:`state_dict` returned (hyper-parameters are kept as built).
+
+        Parameters
+        ----------
+        state : mapping
+            :meth:`state_dict` output (CPU tensors, as a checkpoint holds them).
+        device : str or torch.device, optional
+            Where the buffers go: the model's device, so the next step copies nothing
+            (default: where ``state``'s tensors are).
 
         Raises
         ------
@@ -148,7 +161,7 @@ class ServerOptimizer(ABC):
             own[slot].clear()
             own[slot].update(
                 {
-                    name: tensor.detach().to(torch.float32).clone()
+                    name: tensor.detach().to(device=device, dtype=torch.float32, copy=True)
                     for name, tensor in tensors.items()
                 }
             )

@@ -51,7 +51,9 @@ class DenseCodec:
         np.savez(buffer, **arrays)
         return buffer.getvalue()
 
-    def decode(self, payload: bytes, expected: Mapping[str, TensorSpec]) -> SparseUpdate:
+    def decode(
+        self, payload: bytes, expected: Mapping[str, TensorSpec], *, device: Any = "cpu"
+    ) -> SparseUpdate:
         try:
             arrays = dict(np.load(io.BytesIO(payload), allow_pickle=False))
         except Exception as err:
@@ -63,8 +65,8 @@ class DenseCodec:
             array = arrays[name]
             if tuple(array.shape) != tuple(spec.shape):
                 raise ValueError(f"{name}: shape {array.shape} != {spec.shape}")
-            values = torch.from_numpy(array.astype(np.float32).reshape(-1))
-            update[name] = SparseTensor(spec, torch.arange(values.numel()), values)
+            values = torch.from_numpy(array.astype(np.float32).reshape(-1)).to(device)
+            update[name] = SparseTensor(spec, torch.arange(values.numel(), device=device), values)
         return update
 
 
