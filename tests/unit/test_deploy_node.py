@@ -39,3 +39,25 @@ def test_a_superlink_address_is_required_and_the_port_checked() -> None:
         node_commands(["--insecure"], runtime_port=9094)
     with pytest.raises(NodeArgumentError, match="65535"):
         node_commands(LINK, runtime_port=70000)
+
+
+def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.supercore.inflatable import inflatable_utils
+
+    from fedsync.deploy.fast_poll import shorten_object_pulls
+
+    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    for function in functions:  # restored after the test
+        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
+    assert all(f.__kwdefaults__["initial_backoff"] == 1 for f in functions)  # Flower's 1 s
+    assert shorten_object_pulls(0.01)
+    assert all(f.__kwdefaults__["initial_backoff"] == 0.01 for f in functions)
+    # a pull that finds its object unavailable twice still gets it, retrying
+    misses = iter([True, True, False])
+
+    def pull(object_id: str) -> bytes:
+        if next(misses):
+            raise inflatable_utils.ObjectUnavailableError(object_id)
+        return b"content"
+
+    assert inflatable_utils.pull_objects(["obj"], pull) == {"obj": b"content"}
