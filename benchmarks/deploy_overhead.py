@@ -305,7 +305,7 @@ def run_path(
         sampler = RssSampler(groups, every=2.0)
         sampler.start()
         try:
-            outcome = deployment.run_app(ROOT, run_config, timeout=1800)
+            outcome = deployment.run_app(ROOT, run_config, timeout=max(1800.0, wall_time + 600.0))
             assert deployment.link.process is not None
             superlink_cpu = process_cpu_s(deployment.link.process.pid)
         finally:

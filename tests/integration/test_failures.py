@@ -1,13 +1,16 @@
 """Failures of a real deployment (SuperLink + SuperNodes over gRPC, ``LocalDeployment``).
 
-* a SuperNode killed mid-run (stock nodes, then warm ``fedsync-node`` ones): the
-  failure is counted, the run goes on, the node comes back when restarted -- under its
-  own node id with authentication (the default), under a new one without -- and
-  continues its error-feedback residual from ``state-dir``;
+* a SuperNode killed mid-run: the failure is counted, the run goes on, the node comes
+  back when restarted -- under its own node id with authentication (the default), under
+  a new one without -- and continues its error-feedback residual from ``state-dir``;
 * the SuperLink (and its ServerApp) killed mid-run: a new run with ``resume=true``
   continues from the last checkpoint;
 * a node sending corrupt and hostile updates: every one is rejected and counted, the
   model learns from the others.
+
+The authenticated kill, the resume and the hostile node run on both paths (``PATHS``):
+``stock`` nodes (``LocalDeployment``: a ClientApp process per message), then ``warm``
+ones (``WarmLocalDeployment``: ``fedsync-node``, a long-lived executor per node).
 
 All runs are ``strategy=teasq clock=wall`` on digits with three SuperNodes, bounded by
 ``max-wall-time`` or ``max-aggregations``; every process is stopped by pid.
@@ -50,7 +53,15 @@ BASE: dict[str, Any] = {
 }
 
 
+PATHS = ("stock", "warm")
+
+
 # --- helpers ----------------------------------------------------------------------------------
+def deployment_kind(path: str) -> type[LocalDeployment]:
+    """The deployment class of a path in ``PATHS``."""
+    return WarmLocalDeployment if path == "warm" else LocalDeployment
+
+
 class BackgroundRun:
     """``deployment.run_app`` on a thread, so the test can break things meanwhile."""
 
@@ -187,7 +198,7 @@ class KilledNodeRun:
     seconds: float
 
 
-@pytest.fixture(scope="module", params=["stock", "warm"])
+@pytest.fixture(scope="module", params=PATHS)
 def killed_node(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KilledNodeRun]:
@@ -195,8 +206,7 @@ def killed_node(
     the whole node, executor included, is killed and started again)."""
     tmp_path = tmp_path_factory.mktemp(f"killed-node-{request.param}")
     results = tmp_path / "results"
-    kind = WarmLocalDeployment if request.param == "warm" else LocalDeployment
-    deployment = kind(tmp_path / "run", node_configs(tmp_path))
+    deployment = deployment_kind(request.param)(tmp_path / "run", node_configs(tmp_path))
     supervisor = Supervisor(deployment, 0)
     started = time.monotonic()
     deployment.start()
@@ -390,8 +400,9 @@ def test_unauthenticated_node_rejoins_under_a_new_id(tmp_path: Path, project_roo
 
 
 # --- the SuperLink and its ServerApp killed mid-run; a new run resumes ------------------------
+@pytest.mark.parametrize("path", PATHS)
 def test_a_killed_server_resumes_from_its_last_checkpoint(
-    tmp_path: Path, project_root: Path
+    path: str, tmp_path: Path, project_root: Path
 ) -> None:
     results = tmp_path / "results"
     folder = results / "resumable"
@@ -406,7 +417,7 @@ def test_a_killed_server_resumes_from_its_last_checkpoint(
     }
     nodes = node_configs(tmp_path)
     store = CheckpointStore(folder / "checkpoints")
-    first = LocalDeployment(tmp_path / "run-1", nodes)
+    first = deployment_kind(path)(tmp_path / "run-1", nodes)
     first.start()
     pids = first.pids()
     groups: list[int] = []
@@ -434,7 +445,7 @@ def test_a_killed_server_resumes_from_its_last_checkpoint(
     saved = latest[1].version
     assert 2 <= saved <= reached < saved + 2  # lost at most checkpoint-every - 1
 
-    second = LocalDeployment(tmp_path / "run-2", nodes)
+    second = deployment_kind(path)(tmp_path / "run-2", nodes)
     second.start()
     pids = second.pids()
     try:
@@ -467,17 +478,24 @@ def test_a_killed_server_resumes_from_its_last_checkpoint(
     assert summary["tasks"] > latest[1].tally["tasks"]
     restored = [r for i in range(3) for r in journal(tmp_path / "state" / f"node-{i}")]
     assert restored and {r["job"] for r in restored} == {summary["job"]}
-    print(f"server kill at {killed_at:.0f} s (v{reached}, checkpoint v{saved}); resumed to v8")
+    print(
+        f"{path}: server kill at {killed_at:.0f} s (v{reached}, checkpoint v{saved}); "
+        f"resumed to v8 at {time.monotonic() - started:.0f} s"
+    )
 
 
 # --- one node sends corrupt and hostile updates -----------------------------------------------
 FAULTS = "nan,bitflip,shape,norm"
 
 
-def test_hostile_replies_are_rejected_and_counted(tmp_path: Path, project_root: Path) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_hostile_replies_are_rejected_and_counted(
+    path: str, tmp_path: Path, project_root: Path
+) -> None:
     results = tmp_path / "results"
     nodes = node_configs(tmp_path, **{"2": {"fault": FAULTS}})
-    deployment = LocalDeployment(tmp_path / "run", nodes)
+    deployment = deployment_kind(path)(tmp_path / "run", nodes)
+    started = time.monotonic()
     deployment.start()
     pids = deployment.pids()
     try:
@@ -520,4 +538,5 @@ def test_hostile_replies_are_rejected_and_counted(tmp_path: Path, project_root: 
     assert summary["aggregated_updates"] == honest - stale == summary["arrivals"] - len(rejected)
     evaluations = [e for e in events if e["event"] == "evaluation"]
     assert evaluations[-1]["accuracy"] > evaluations[0]["accuracy"] + 0.2
-    print(f"rejections {kinds}, guard {summary['update_guard']}")
+    seconds = time.monotonic() - started
+    print(f"{path}: {seconds:.0f} s; rejections {kinds}, guard {summary['update_guard']}")

@@ -1,17 +1,26 @@
-"""Soak: many SuperNodes for minutes; memory must level off and no update may be lost.
+"""Soak: SuperNodes for minutes; memory must level off and no update may be lost.
 
-``FEDSYNC_SOAK_NODES`` (default 16) SuperNodes, authenticated over TLS as deployed,
-run ``strategy=teasq clock=wall`` for ``FEDSYNC_SOAK_MINUTES`` (default 3.5) minutes
-of wall time. A sampler thread reads, every two seconds from ``/proc``, the resident
-memory of the SuperLink, of the ServerApp (``flwr-serverapp``, below the SuperLink's
-SuperExec) and of every SuperNode's process group (the node, its SuperExec and the
-ClientApp process of the task it runs).
+Two paths, SuperNodes authenticated over TLS as deployed, ``strategy=teasq clock=wall``:
+
+* ``stock`` (``LocalDeployment``, a ClientApp process per message):
+  ``FEDSYNC_SOAK_NODES`` (default 16) SuperNodes for ``FEDSYNC_SOAK_MINUTES`` (default
+  3.5) minutes of wall time;
+* ``warm`` (``WarmLocalDeployment``: ``fedsync-node``, a long-lived executor per node
+  holding about 1 GB): ``FEDSYNC_SOAK_WARM_NODES`` (default 3) nodes for
+  ``FEDSYNC_SOAK_WARM_MINUTES`` (default 2) minutes.
+
+A sampler thread reads, every two seconds from ``/proc``, the resident memory of the
+SuperLink, of the ServerApp (``flwr-serverapp``, below the SuperLink's SuperExec) and
+of every SuperNode's process group (stock: the node, its SuperExec and the ClientApp
+process of the task it runs; warm: the node, the supervisor and the executor).
 
 It asserts that
 
 * the ServerApp and the SuperLink do not keep growing: the median RSS of the last
   third of the run is within 15 % of the middle third's (the first third is start-up:
   imports, data, the first tasks);
+* warm: neither does each node's process group, from its first reply on (the executor
+  then holds its imports, data and model): the same thirds rule;
 * no update is lost: every arrival in the event log was aggregated, still cached at
   the end, or dropped for a counted reason; every task dispatched arrived, failed
   (counted) or was still in flight at the end;
@@ -33,13 +42,24 @@ from typing import Any
 import pytest
 
 from fedsync.deploy import LocalDeployment
+from fedsync.deploy.timing import parse_supernode_log
+from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.reports import read_events
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-NODES = int(os.environ.get("FEDSYNC_SOAK_NODES", "16"))
-MINUTES = float(os.environ.get("FEDSYNC_SOAK_MINUTES", "3.5"))
+SIZES = {
+    "stock": (
+        int(os.environ.get("FEDSYNC_SOAK_NODES", "16")),
+        float(os.environ.get("FEDSYNC_SOAK_MINUTES", "3.5")),
+    ),
+    "warm": (
+        int(os.environ.get("FEDSYNC_SOAK_WARM_NODES", "3")),
+        float(os.environ.get("FEDSYNC_SOAK_WARM_MINUTES", "2")),
+    ),
+}
+"""Nodes and minutes of wall time per path."""
 GROWTH_LIMIT = 0.15
 
 
@@ -112,6 +132,7 @@ class Sampler:
         link = table.get(self.link_pid)
         return {
             "t": round(time.monotonic() - self._t0, 2),
+            "wall": round(time.time(), 2),
             "superlink_mb": round(link.rss_mb, 1) if link else None,
             "serverapp_mb": round(serverapp[0].rss_mb, 1) if serverapp else None,
             "supernode_mb": [round(mb, 1) for mb in resident],
@@ -130,6 +151,19 @@ class Sampler:
         self._thread.join(timeout=10)
 
 
+def growth_of(series: list[tuple[float, float]]) -> dict[str, float]:
+    """The thirds of a ``(t, mb)`` series and the last third's growth over the middle's."""
+    first, middle, last = thirds(series)
+    return {
+        "first_third_mb": round(first, 1),
+        "middle_third_mb": round(middle, 1),
+        "last_third_mb": round(last, 1),
+        "start_mb": round(series[0][1], 1),
+        "end_mb": round(series[-1][1], 1),
+        "growth": round(last / middle - 1.0, 4),
+    }
+
+
 def thirds(series: list[tuple[float, float]]) -> tuple[float, float, float]:
     """Medians of the first, middle and last third (by time) of ``(t, value)`` pairs."""
     start, end = series[0][0], series[-1][0]
@@ -142,13 +176,16 @@ def thirds(series: list[tuple[float, float]]) -> tuple[float, float, float]:
 
 
 # --- the soak ----------------------------------------------------------------------------------
-def test_soak(tmp_path: Path, project_root: Path) -> None:
+@pytest.mark.parametrize("path", ["stock", "warm"])
+def test_soak(path: str, tmp_path: Path, project_root: Path) -> None:
+    size, minutes = SIZES[path]
     results = tmp_path / "results"
     nodes = [
-        {"partition-id": i, "num-partitions": NODES, "state-dir": str(tmp_path / f"state-{i}")}
-        for i in range(NODES)
+        {"partition-id": i, "num-partitions": size, "state-dir": str(tmp_path / f"state-{i}")}
+        for i in range(size)
     ]
-    deployment = LocalDeployment(tmp_path / "run", nodes)
+    kind = WarmLocalDeployment if path == "warm" else LocalDeployment
+    deployment = kind(tmp_path / "run", nodes)
     started = time.monotonic()
     deployment.start()
     start_seconds = time.monotonic() - started
@@ -161,20 +198,20 @@ def test_soak(tmp_path: Path, project_root: Path) -> None:
             {
                 "strategy": "teasq",
                 "clock": "wall",
-                "concurrency": 4,
-                "buffer-size": 3,
+                "concurrency": min(4, size),
+                "buffer-size": min(3, size - 1),
                 "max-aggregations": 100_000,
-                "max-wall-time": MINUTES * 60.0,
+                "max-wall-time": minutes * 60.0,
                 "eval-every": 10,
                 "checkpoint-every": 10,
                 "local-epochs": 1,
-                "min-nodes": NODES,
+                "min-nodes": size,
                 "probe-timeout": 0.0,
                 "plots": False,
                 "results-dir": str(results),
                 "run-name": "soak",
             },
-            timeout=MINUTES * 60.0 + 600.0,
+            timeout=minutes * 60.0 + 600.0,
         )
     finally:
         sampler.stop()
@@ -207,17 +244,20 @@ def test_soak(tmp_path: Path, project_root: Path) -> None:
     serverapp = [(s["t"], s["serverapp_mb"]) for s in sampler.samples if s["serverapp_mb"]]
     superlink = [(s["t"], s["superlink_mb"]) for s in sampler.samples if s["superlink_mb"]]
     assert len(serverapp) >= 30, "too few samples of the ServerApp"
-    growth = {}
-    for name, series in (("serverapp", serverapp), ("superlink", superlink)):
-        first, middle, last = thirds(series)
-        growth[name] = {
-            "first_third_mb": round(first, 1),
-            "middle_third_mb": round(middle, 1),
-            "last_third_mb": round(last, 1),
-            "start_mb": round(series[0][1], 1),
-            "end_mb": round(series[-1][1], 1),
-            "growth": round(last / middle - 1.0, 4),
-        }
+    growth = {
+        name: growth_of(series)
+        for name, series in (("serverapp", serverapp), ("superlink", superlink))
+    }
+    if path == "warm":
+        # Each node from its first reply on: by then its executor holds what it keeps.
+        for i in range(size):
+            _, messages = parse_supernode_log(deployment.link.logs / f"supernode-{i}.log")
+            replied = min(m.sent for m in messages if m.kind == "train" and m.sent is not None)
+            series = [
+                (s["t"], s["supernode_mb"][i]) for s in sampler.samples if s["wall"] >= replied
+            ]
+            assert len(series) >= 15, f"too few samples of node {i} after its first reply"
+            growth[f"node-{i}"] = growth_of(series)
 
     settled = sampler.samples[len(sampler.samples) // 3 :]  # past start-up
     node_mb = [mb for s in settled for mb in s["supernode_mb"]]
@@ -228,8 +268,9 @@ def test_soak(tmp_path: Path, project_root: Path) -> None:
         "max": round(max(task_mb), 1) if task_mb else None,
     }
     report = {
-        "nodes": NODES,
-        "minutes": MINUTES,
+        "path": path,
+        "nodes": size,
+        "minutes": minutes,
         "deployment_start_s": round(start_seconds, 1),
         # A SuperNode's own processes (flower-supernode and its SuperExec), once running,
         # and the ClientApp process it starts for each task.
@@ -258,12 +299,15 @@ def test_soak(tmp_path: Path, project_root: Path) -> None:
     }
     (folder / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
     print(
-        f"\nsoak: {NODES} SuperNodes, {MINUTES:g} min; a SuperNode {per_node['median']:.0f} "
+        f"\nsoak ({path}): {size} SuperNodes, {minutes:g} min, "
+        f"{time.monotonic() - started:.0f} s in all; a SuperNode {per_node['median']:.0f} "
         f"MiB (+ {per_task['median'] or 0:.0f} MiB ClientApp per task); "
         f"ServerApp {growth['serverapp']['start_mb']:.0f} -> {growth['serverapp']['end_mb']:.0f} "
         f"MiB, SuperLink {growth['superlink']['start_mb']:.0f} -> "
         f"{growth['superlink']['end_mb']:.0f} MiB; {report['counts']}; "
         f"accuracy {summary['final_accuracy']:.3f}; report {folder / 'soak.json'}"
     )
+    for name, numbers in growth.items():
+        print(f"{name}: {numbers}")
     for name, numbers in growth.items():
         assert numbers["growth"] <= GROWTH_LIMIT, f"{name} memory keeps growing: {numbers}"
