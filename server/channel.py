@@ -18,6 +18,7 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedsync.object_pulls import shorten_object_pulls
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from server.probe import probe_nodes
 
@@ -73,6 +74,9 @@ class GridChannel:
         self.task_ttl = task_ttl
         self.poll_interval = poll_interval
         self.sleep = sleep
+        # Flower announces a reply while its node is still uploading it, and would retry
+        # pulling its objects 1, 2, 4 ... 10 s apart (fedsync.object_pulls).
+        shorten_object_pulls(poll_interval)
         self._task_of: dict[str, str] = {}
         """Message id -> task id, for every message whose reply is still awaited."""
         self._pushed_at: dict[str, float] = {}

@@ -44,14 +44,16 @@ def test_a_superlink_address_is_required_and_the_port_checked() -> None:
 def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.supercore.inflatable import inflatable_utils
 
-    from fedsync.deploy.fast_poll import shorten_object_pulls
+    from fedsync.object_pulls import PULL_RETRY_CAP_S, shorten_object_pulls
 
     functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
-    for function in functions:  # restored after the test
-        monkeypatch.setattr(function, "__kwdefaults__", dict(function.__kwdefaults__))
-    assert all(f.__kwdefaults__["initial_backoff"] == 1 for f in functions)  # Flower's 1 s
+    for function in functions:  # Flower's own defaults (1 s, doubling to 10 s), restored after
+        defaults = {**function.__kwdefaults__, "initial_backoff": 1, "backoff_cap": 10}
+        monkeypatch.setattr(function, "__kwdefaults__", defaults)
     assert shorten_object_pulls(0.01)
-    assert all(f.__kwdefaults__["initial_backoff"] == 0.01 for f in functions)
+    for function in functions:
+        assert function.__kwdefaults__["initial_backoff"] == 0.01
+        assert function.__kwdefaults__["backoff_cap"] == PULL_RETRY_CAP_S
     # a pull that finds its object unavailable twice still gets it, retrying
     misses = iter([True, True, False])
 
