@@ -15,6 +15,7 @@ ServerApp's reply channel (``server.channel``) call it.
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 __all__ = ["PULL_RETRY_CAP_S", "shorten_object_pulls"]
@@ -28,16 +29,27 @@ def shorten_object_pulls(initial_backoff: float, cap: float = PULL_RETRY_CAP_S) 
     """Retry an unavailable object after ``initial_backoff`` seconds, doubling up to ``cap``.
 
     Sets the keyword defaults of Flower 1.39's ``pull_objects`` and
-    ``pull_and_inflate_object_from_tree`` for every caller in this process. Returns
-    whether it could (``False``: another Flower layout; nothing changed).
+    ``pull_and_inflate_object_from_tree`` for every caller in this process, and raises
+    their tries per object so that Flower's time limit, not the count, still ends a pull
+    that never succeeds. Returns whether it could (``False``: another Flower layout;
+    nothing changed).
     """
     from flwr.supercore.inflatable import inflatable_utils
 
     functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
     defaults = [getattr(function, "__kwdefaults__", None) or {} for function in functions]
-    if not all("initial_backoff" in d and "backoff_cap" in d for d in defaults):
+    keys = ("initial_backoff", "backoff_cap", "max_tries_per_object", "max_time")
+    if not all(all(key in d for key in keys) for d in defaults):
         return False
+    cap = max(cap, initial_backoff)
     for d in defaults:
         d["initial_backoff"] = initial_backoff
-        d["backoff_cap"] = max(cap, initial_backoff)
+        d["backoff_cap"] = cap
+        # Shorter waits mean more tries in the same time: keep Flower's time limit (2 h)
+        # the one that ends a pull, not its 500 tries (250 s at a 0.5 s cap, less than a
+        # 100 MB upload over a 1 Mbit/s link takes).
+        if d["max_time"] is not None:
+            d["max_tries_per_object"] = max(
+                d["max_tries_per_object"], math.ceil(d["max_time"] / cap) + 1
+            )
     return True

@@ -48,12 +48,20 @@ def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatc
 
     functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
     for function in functions:  # Flower's own defaults (1 s, doubling to 10 s), restored after
-        defaults = {**function.__kwdefaults__, "initial_backoff": 1, "backoff_cap": 10}
+        defaults = {
+            **function.__kwdefaults__,
+            "initial_backoff": 1,
+            "backoff_cap": 10,
+            "max_tries_per_object": 500,
+            "max_time": 7200,
+        }
         monkeypatch.setattr(function, "__kwdefaults__", defaults)
     assert shorten_object_pulls(0.01)
     for function in functions:
         assert function.__kwdefaults__["initial_backoff"] == 0.01
         assert function.__kwdefaults__["backoff_cap"] == PULL_RETRY_CAP_S
+        # the 2 h limit still ends a pull, not 500 tries of at most 0.5 s
+        assert function.__kwdefaults__["max_tries_per_object"] * PULL_RETRY_CAP_S > 7200
     # a pull that finds its object unavailable twice still gets it, retrying
     misses = iter([True, True, False])
 
