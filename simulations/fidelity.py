@@ -262,6 +262,8 @@ def _overheads(run: LinkRun, shapes: Sequence[LinkShape | None] = ()) -> dict[st
         return {
             "round_trip": mean([t.round_trip_s for t in rows]),
             "outside_polling_and_pull": mean([t.outside_s for t in rows]),
+            "poll_wait": mean([t.poll_wait_s for t in rows if t.poll_wait_s is not None]),
+            "server_pull_lag": mean([t.pull_lag_s for t in rows if t.pull_lag_s is not None]),
             "download": mean([t.download_s for t in rows]),
             "clientapp_total": mean([t.clientapp_s for t in rows]),
             "clientapp_compute": mean([t.compute_s for t in rows]),
@@ -348,7 +350,13 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
     )
     return [
         runtime,
-        f"{poll} (outside_polling_and_pull); the virtual clock has no polling",
+        f"{poll} (poll_wait, part of outside_polling_and_pull); the virtual clock has no polling",
+        "the server takes a reply late (server_pull_lag, the rest of "
+        "outside_polling_and_pull): Flower 1.39's ServerApp pulls a reply's objects as soon "
+        "as the reply is announced, while the node is still uploading them, retrying with "
+        "a backoff of 1, 2, 4 ... 10 s; a slow uplink's upload holds the server's pull, and "
+        "replies of faster nodes that finish meanwhile wait behind it (with their next "
+        "task). The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "
         "start-up stretch when tasks overlap; the fleet has one speed per device",
         "every node first downloads the app bundle (fab_bytes) over its link: with the "

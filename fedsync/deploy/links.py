@@ -280,7 +280,9 @@ def link_report(
         "notes": [
             "wire bytes are the host end's interface counters: TLS, HTTP/2, gRPC framing, "
             "TCP/IP headers, the FAB and the SuperNode's polling included",
-            f"task phases: outside = SuperNode polling wait + server pull lag; clientapp = "
+            f"task phases: outside = SuperNode polling wait (poll_wait_s: dispatch to the "
+            f"node's pull) + server pull lag (pull_lag_s: the node's Sent to the server's "
+            f"arrival; the clocks joined so that the run's smallest lag is 0); clientapp = "
             f"{clientapp}",
             "links are rate-limited only: this kernel has no netem (no delay, no loss)",
         ],

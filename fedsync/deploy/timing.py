@@ -16,6 +16,16 @@ training time (``wall_compute_s``). A SuperNode started with timestamped logs
 
 A SuperNode handles one message at a time, so its k-th train message is the k-th task
 dispatched to it (the server sends each device one task at a time).
+
+``outside`` splits further when the event log has the server's times (``wall_time``,
+seconds since the run started): ``pull_lag`` is from the SuperNode's ``Sent`` to the
+server's arrival, ``poll_wait`` the rest (dispatch to ``Receiving``). The two clocks
+are joined by the offset that makes the smallest pull lag of the run zero (the server
+pulls every ``poll-interval``, so some reply is always picked up at once); pull lags are
+therefore lower bounds, off by at most that smallest true lag. A long pull lag is the
+server not taking the reply yet: Flower 1.39's ServerApp pulls a reply's objects while
+they are still being uploaded (a slow uplink holds it, with backoff, and replies behind
+it wait).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +107,14 @@ class TaskTiming:
     bytes_up: int
     examples: int = 0
     """The node's training examples (``num-examples`` of the reply)."""
+    pull_lag_s: float | None = None
+    """Part of ``outside_s`` from the SuperNode's ``Sent`` to the server's arrival
+    (``None``: the event log has no server times)."""
+
+    @property
+    def poll_wait_s(self) -> float | None:
+        """Part of ``outside_s`` from dispatch to the SuperNode's ``Receiving``."""
+        return None if self.pull_lag_s is None else self.outside_s - self.pull_lag_s
 
     @property
     def clientapp_overhead_s(self) -> float:
@@ -116,6 +134,8 @@ class TaskTiming:
             "compute_s": round(self.compute_s, 3),
             "clientapp_overhead_s": round(self.clientapp_overhead_s, 3),
             "upload_s": round(self.upload_s, 3),
+            "poll_wait_s": _round(self.poll_wait_s),
+            "pull_lag_s": _round(self.pull_lag_s),
             "bytes_down": self.bytes_down,
             "bytes_up": self.bytes_up,
             "examples": self.examples,
@@ -135,6 +155,8 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
             dispatched.setdefault(int(event["node"]), []).append(str(event["task"]))
     arrivals = {str(e["task"]): e for e in events if e["event"] == "arrival"}
     timings: list[TaskTiming] = []
+    sent_at: list[float] = []  # Unix time of each timing's Sent
+    arrived_at: list[float | None] = []  # the server's wall_time of its arrival
     for index, log_path in enumerate(supernode_logs):
         node_id, messages = parse_supernode_log(log_path)
         if node_id is None:
@@ -164,7 +186,28 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
                     examples=int(arrival.get("num_examples") or 0),
                 )
             )
-    return timings
+            sent_at.append(message.sent)
+            wall = arrival.get("wall_time")
+            arrived_at.append(None if wall is None else float(wall))
+    return _with_pull_lags(timings, sent_at, arrived_at)
+
+
+def _with_pull_lags(
+    timings: list[TaskTiming], sent_at: Sequence[float], arrived_at: Sequence[float | None]
+) -> list[TaskTiming]:
+    """Split each ``outside`` (module docstring); unchanged without server times."""
+    raw = [a - s for a, s in zip(arrived_at, sent_at, strict=True) if a is not None]
+    if not timings or len(raw) != len(timings):
+        return timings
+    offset = min(raw)
+    return [
+        replace(t, pull_lag_s=min(lag - offset, t.outside_s))
+        for t, lag in zip(timings, raw, strict=True)
+    ]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 _PHASES = (
@@ -175,6 +218,8 @@ _PHASES = (
     "compute_s",
     "clientapp_overhead_s",
     "upload_s",
+    "poll_wait_s",
+    "pull_lag_s",
 )
 
 
@@ -189,7 +234,9 @@ def summarize(timings: Iterable[TaskTiming]) -> dict[str, Any]:
         "bytes_up": sum(r["bytes_up"] for r in rows),
     }
     for phase in _PHASES:
-        values = [float(r[phase]) for r in rows]
+        values = [float(r[phase]) for r in rows if r[phase] is not None]
+        if not values:
+            continue
         summary[phase] = {
             "mean": round(statistics.fmean(values), 3),
             "median": round(statistics.median(values), 3),

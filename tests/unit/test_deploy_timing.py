@@ -79,3 +79,52 @@ def test_task_phases_add_up_to_the_round_trip(tmp_path: Path) -> None:
     assert summary["tasks"] == 2 and summary["bytes_up"] == 190
     assert summary["round_trip_s"]["mean"] == pytest.approx(5.5)
     assert summarize([]) == {"tasks": 0}
+
+
+def test_outside_splits_into_poll_wait_and_pull_lag_with_server_times(tmp_path: Path) -> None:
+    logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
+    _node_log(logs[0], 7, [("query", 200.0), ("train", 210.0), ("train", 230.0)])
+    _node_log(logs[1], 9, [("query", 200.0), ("train", 212.0)])
+    # The server's clock is Unix time - 200 here: t1's reply is taken as it is sent (the
+    # smallest lag, zero by the join), t2's 3 s after (behind a slow upload), t3's 1 s.
+    work = {"wall_compute_s": 1.0, "bytes_down": 10, "bytes_up": 10, "num_examples": 5}
+    _events(
+        tmp_path / "events.jsonl",
+        [
+            {"event": "dispatch", "task": "t1", "node": 7, "wall_time": 9.0},
+            {"event": "dispatch", "task": "t2", "node": 9, "wall_time": 9.0},
+            {"event": "arrival", "task": "t1", "node": 7, "wall_time": 14.75,
+             "sim_duration": 5.75, **work},
+            {"event": "dispatch", "task": "t3", "node": 7, "wall_time": 27.0},
+            {"event": "arrival", "task": "t2", "node": 9, "wall_time": 19.75,
+             "sim_duration": 10.75, **work},
+            {"event": "arrival", "task": "t3", "node": 7, "wall_time": 35.75,
+             "sim_duration": 8.75, **work},
+        ],
+    )  # fmt: skip
+    timings = {t.task: t for t in task_timings(tmp_path / "events.jsonl", logs)}
+    expected = {"t1": (1.0, 0.0), "t2": (3.0, 3.0), "t3": (3.0, 1.0)}  # (poll wait, lag)
+    for task, (poll_wait, pull_lag) in expected.items():
+        timing = timings[task]
+        assert timing.pull_lag_s == pytest.approx(pull_lag)
+        assert timing.poll_wait_s == pytest.approx(poll_wait)
+        assert timing.poll_wait_s + timing.pull_lag_s == pytest.approx(timing.outside_s)
+    summary = summarize(timings.values())
+    assert summary["pull_lag_s"]["max"] == pytest.approx(3.0)
+
+
+def test_without_server_times_outside_stays_whole(tmp_path: Path) -> None:
+    log = tmp_path / "n0.log"
+    _node_log(log, 7, [("query", 200.0), ("train", 210.0)])
+    _events(
+        tmp_path / "events.jsonl",
+        [
+            {"event": "dispatch", "task": "t1", "node": 7},
+            {"event": "arrival", "task": "t1", "node": 7, "sim_duration": 6.0,
+             "bytes_down": 10, "bytes_up": 10},
+        ],
+    )  # fmt: skip
+    (timing,) = task_timings(tmp_path / "events.jsonl", [log])
+    assert timing.pull_lag_s is None and timing.poll_wait_s is None
+    assert timing.as_dict()["pull_lag_s"] is None
+    assert "pull_lag_s" not in summarize([timing])
