@@ -167,7 +167,10 @@ def run_over_links(
     finally:
         network.destroy()
     logs = [deployment.link.logs / f"supernode-{i}.log" for i in range(count)]
-    timings = task_timings(results / "events.jsonl", logs) if results.is_dir() else []
+    superlink_log = deployment.link.logs / "superlink.log"
+    timings = (
+        task_timings(results / "events.jsonl", logs, superlink_log) if results.is_dir() else []
+    )
     report = link_report(
         links=described,
         shapes=shapes,
@@ -282,7 +285,7 @@ def link_report(
             "TCP/IP headers, the FAB and the SuperNode's polling included",
             f"task phases: outside = SuperNode polling wait (poll_wait_s: dispatch to the "
             f"node's pull) + server pull lag (pull_lag_s: the node's Sent to the server's "
-            f"arrival; the clocks joined so that the run's smallest lag is 0); clientapp = "
+            f"arrival; clocks joined by the SuperLink's log of the dispatches); clientapp = "
             f"{clientapp}",
             "links are rate-limited only: this kernel has no netem (no delay, no loss)",
         ],

@@ -17,23 +17,24 @@ training time (``wall_compute_s``). A SuperNode started with timestamped logs
 A SuperNode handles one message at a time, so its k-th train message is the k-th task
 dispatched to it (the server sends each device one task at a time).
 
-``outside`` splits further when the event log has the server's times (``wall_time``,
-seconds since the run started): ``pull_lag`` is from the SuperNode's ``Sent`` to the
-server's arrival, ``poll_wait`` the rest (dispatch to ``Receiving``). The two clocks
-are joined by the offset that makes the smallest pull lag of the run zero (the server
-pulls every ``poll-interval``, so some reply is always picked up at once); pull lags are
-therefore lower bounds, off by at most that smallest true lag. A long pull lag is the
-server not taking the reply yet: Flower 1.39's ServerApp pulls a reply's objects while
-they are still being uploaded (a slow uplink holds it, with backoff, and replies behind
-it wait).
+``outside`` splits further when the SuperLink's log is given: ``poll_wait`` is from
+the dispatch to the SuperNode's ``Receiving``, ``pull_lag`` from its ``Sent`` to the
+server's arrival. The server's clock (``wall_time``, seconds since the run started) is
+joined to Unix time by the SuperLink's access log, which stamps every ``push-messages``
+call: the server pushes one per dispatch, so the last ``n`` pushes are the ``n``
+dispatches (:func:`server_clock_offset`). A long pull lag is the server not taking the
+reply yet: Flower 1.39's ServerApp pulls a reply's objects as soon as the reply is
+announced, while the node is still uploading them, retrying with a growing backoff; a
+slow uplink holds it there, and the replies of other nodes wait behind it.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "NodeMessage",
     "TaskTiming",
     "parse_supernode_log",
+    "server_clock_offset",
     "summarize",
     "summarize_by_node",
     "task_timings",
@@ -53,6 +55,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 _RECEIVING = re.compile(r"Receiving: (\w+) message")
 _SENDING = re.compile(r"Sending: (\w+) message")
+_PUSH = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z .*\"POST /v1/runtime/push-messages "
+)
+_JOIN_SPREAD_S = 0.5
+"""Pushes and dispatches that disagree by more than this are not one per dispatch."""
 
 
 @dataclass
@@ -142,21 +149,54 @@ class TaskTiming:
         }
 
 
-def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[TaskTiming]:
+def server_clock_offset(
+    superlink_log: Path, events: Sequence[Mapping[str, object]]
+) -> float | None:
+    """Unix time minus the event log's ``wall_time``, from the SuperLink's access log.
+
+    The last ``n`` ``push-messages`` requests the SuperLink logged are paired with the
+    ``n`` dispatch events; the offset is the median difference. ``None`` when the log or
+    the times are missing, or the pairs disagree by more than 0.5 s (the server did not
+    push one request per dispatch).
+    """
+    if not superlink_log.is_file():
+        return None
+    pushes = []
+    for line in superlink_log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if (match := _PUSH.match(line)) is not None:
+            pushes.append(datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp())
+    dispatches = [
+        float(str(e["wall_time"]))
+        for e in events
+        if e.get("event") == "dispatch" and e.get("wall_time") is not None
+    ]
+    if not dispatches or len(pushes) < len(dispatches):
+        return None
+    diffs = [p - d for p, d in zip(pushes[-len(dispatches) :], dispatches, strict=True)]
+    if max(diffs) - min(diffs) > _JOIN_SPREAD_S:
+        return None
+    return statistics.median(diffs)
+
+
+def task_timings(
+    events_path: Path, supernode_logs: Sequence[Path], superlink_log: Path | None = None
+) -> list[TaskTiming]:
     """Join the event log with SuperNode ``i``'s log (``supernode_logs[i]``).
+
+    With ``superlink_log`` (the SuperLink's timestamped access log) each task's
+    ``outside`` is split into poll wait and pull lag (module docstring).
 
     Tasks that did not arrive (errors, drops) and messages whose phases are not all
     logged are left out.
     """
     events = list(read_events(events_path))
+    offset = None if superlink_log is None else server_clock_offset(superlink_log, events)
     dispatched: dict[int, list[str]] = {}
     for event in events:
         if event["event"] == "dispatch":
             dispatched.setdefault(int(event["node"]), []).append(str(event["task"]))
     arrivals = {str(e["task"]): e for e in events if e["event"] == "arrival"}
     timings: list[TaskTiming] = []
-    sent_at: list[float] = []  # Unix time of each timing's Sent
-    arrived_at: list[float | None] = []  # the server's wall_time of its arrival
     for index, log_path in enumerate(supernode_logs):
         node_id, messages = parse_supernode_log(log_path)
         if node_id is None:
@@ -170,6 +210,10 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
             assert message.sent is not None
             round_trip = float(arrival["sim_duration"])
             busy = message.sent - message.receiving
+            wall = arrival.get("wall_time")
+            pull_lag = (
+                None if offset is None or wall is None else float(wall) + offset - message.sent
+            )
             timings.append(
                 TaskTiming(
                     task=task_id,
@@ -184,26 +228,10 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
                     bytes_down=int(arrival["bytes_down"]),
                     bytes_up=int(arrival["bytes_up"]),
                     examples=int(arrival.get("num_examples") or 0),
+                    pull_lag_s=pull_lag,
                 )
             )
-            sent_at.append(message.sent)
-            wall = arrival.get("wall_time")
-            arrived_at.append(None if wall is None else float(wall))
-    return _with_pull_lags(timings, sent_at, arrived_at)
-
-
-def _with_pull_lags(
-    timings: list[TaskTiming], sent_at: Sequence[float], arrived_at: Sequence[float | None]
-) -> list[TaskTiming]:
-    """Split each ``outside`` (module docstring); unchanged without server times."""
-    raw = [a - s for a, s in zip(arrived_at, sent_at, strict=True) if a is not None]
-    if not timings or len(raw) != len(timings):
-        return timings
-    offset = min(raw)
-    return [
-        replace(t, pull_lag_s=min(lag - offset, t.outside_s))
-        for t, lag in zip(timings, raw, strict=True)
-    ]
+    return timings
 
 
 def _round(value: float | None) -> float | None:

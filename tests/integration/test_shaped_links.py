@@ -78,6 +78,10 @@ def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path, nodes: 
             assert task["round_trip_s"] > task["clientapp_s"] > 0.0
             assert task["download_s"] > 0.0 and task["upload_s"] > 0.0
             assert task["download_s"] >= 0.8 * task["bytes_down"] * 8 / (rate * 1e6)
+            # The server's clock joins the nodes' (SuperLink log): outside splits in two.
+            assert task["poll_wait_s"] + task["pull_lag_s"] == pytest.approx(
+                task["outside_s"], abs=0.01
+            )
         # Shaping works: the FAB cannot arrive faster than its size over the link's rate.
         first = link["first_message"]
         assert first["download_s"] >= 0.9 * fab * 8 / (rate * 1e6)
