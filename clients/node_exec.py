@@ -56,6 +56,7 @@ from flwr.supernode.runtime.run_clientapp import (
 )
 
 from clients.worker_channel import group_alive
+from fedsync.deploy.fast_poll import shorten_object_pulls
 
 
 class WarmExecutor:
@@ -72,6 +73,10 @@ class WarmExecutor:
     def __init__(self, runtime_api_address: str, poll: float = 0.05) -> None:
         self.address = runtime_api_address
         self.poll = poll
+        # The SuperNode hands a task out before its message's objects have arrived; pull
+        # them again after ``poll``, not after Flower's 1 s (see fedsync.deploy.fast_poll).
+        if not shorten_object_pulls(poll):
+            log(WARNING, "[fedsync] object pulls keep Flower's 1 s retry (unknown layout)")
         self.tasks = 0
         self._apps: dict[str, Any] = {}
         self._load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)

@@ -13,6 +13,14 @@ Each poll is one ``PullMessages`` call to the SuperLink: ``n`` idle nodes pollin
 ``p`` seconds cost it ``n / p`` calls a second (measured in
 ``benchmarks/results/deploy_overhead.json``, ``superlink_cpu_s``). It relies on a module
 layout of Flower 1.39 and refuses to run on any other version.
+
+A message's payload travels as separate objects: the SuperNode stores a pulled message
+before its objects have arrived, and the SuperLink can hand a message out before the
+ServerApp has pushed all of its objects. A reader that asks too early gets "object
+unavailable" and Flower retries after 1 s, doubling (:func:`shorten_object_pulls`).
+On loopback that 1 s was the largest part of a warm task's overhead once the poll was
+short, so this launcher also starts those retries at the poll interval; the warm
+executor (:mod:`clients.node_exec`) does the same for its pulls from its own SuperNode.
 """
 
 from __future__ import annotations
@@ -38,6 +46,26 @@ def patched_time(poll: float) -> types.ModuleType:
     return module
 
 
+def shorten_object_pulls(initial_backoff: float) -> bool:
+    """Start Flower's retries of an unavailable object at ``initial_backoff`` seconds.
+
+    Flower 1.39 pulls a message's objects with an exponential backoff that starts at
+    1 s (``pull_objects`` and ``pull_and_inflate_object_from_tree``, keyword defaults);
+    this sets the start for every caller in this process, keeping the doubling and the
+    10 s cap. Returns whether it could (``False``: another Flower layout, nothing
+    changed).
+    """
+    from flwr.supercore.inflatable import inflatable_utils
+
+    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    defaults = [getattr(function, "__kwdefaults__", None) or {} for function in functions]
+    if not all("initial_backoff" in d for d in defaults):
+        return False
+    for d in defaults:
+        d["initial_backoff"] = initial_backoff
+    return True
+
+
 def main() -> int:
     """Run ``flower-supernode`` with the shorter poll (arguments passed through)."""
     import flwr
@@ -52,6 +80,7 @@ def main() -> int:
         sys.stderr.write(f"{POLL_ENV} must be in [0.01, 3] seconds, got {poll}\n")
         return 2
     internal.time = patched_time(poll)
+    shorten_object_pulls(min(poll, 1.0))
     sys.argv = ["flower-supernode", *sys.argv[1:]]
     flower_supernode()
     return 0
