@@ -134,8 +134,8 @@ class TrainingSection(Section):
     )
     model: str = key(
         "auto",
-        "`mlp`, `cnn`, `char-lstm` (2x256), `char-lstm-small` (1x128), `logreg`; `auto` "
-        "picks one for the dataset",
+        "`mlp`, `mlp-wide` (2x512), `cnn`, `char-lstm` (2x256), `char-lstm-small` (1x128), "
+        "`logreg`; `auto` picks one for the dataset",
     )
     data_dir: str = key(
         "",

@@ -17,10 +17,24 @@ scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``, read
    modelled transfer times taken out): not a prediction, a check of the virtual clock's
    event model given the per-task times the machine really had.
 
+``--nodes warm`` deploys warm nodes (``fedsync-node`` in each namespace: a SuperNode
+and a long-lived executor, no process start per task) instead of Flower's stock
+SuperNodes; ``--supernode-poll S`` (warm nodes only) shortens the SuperNodes' fixed 3 s
+poll for work. Both deployed runs (calibration and measured) use the same nodes. With
+``--scenario links-fidelity-dense`` (dense 1.2 MB payloads on 1, 2 and 5 Mbit/s) the
+transfers are most of a task's time.
+
+Compute speed of the simulated fleets is the ClientApp's own training seconds per
+sample in the unshaped calibration run (its ``compute-seconds``, timed around local
+training only): a property of the device, what a fleet declaration states. Variant 3
+uses it alone; the per-task *overhead* (everything in a round trip that is neither
+training nor transfer: polling, process start, executor hand-off) enters only variants
+4 and 5.
+
 and writes ``fidelity.json`` (time to the target accuracy, to the version at which the
 measured run met it and to the last aggregation, per-node task times, the overheads
 measured, the machine's load, why the numbers differ), the calibrated fleet files and
-both runs' ``links.json`` into ``--out`` (default ``simulations/results/links-fidelity``).
+both runs' ``links.json`` into ``--out`` (default ``simulations/results/<scenario>``).
 The calibration run never sees the shaped links: variants 3 and 4 predict run 2.
 """
 
@@ -37,28 +51,40 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsync.deploy.links import LinkRun, run_over_links
+from fedsync.deploy.links import NODE_KINDS, LinkRun, run_over_links
 from fedsync.deploy.local import LocalSuperLink
-from fedsync.deploy.netns import netns_unavailable_reason
+from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
+from fedsync.deploy.timing import TaskTiming
 from fedsync.reports import read_events
-from simulations.fidelity_setup import Calibration, FidelitySetup
+from simulations.fidelity_setup import Calibration, FidelitySetup, modelled_transfer_s
 from simulations.results import evaluation_entries
 from simulations.scenario import PROJECT_ROOT, ScenarioError, load_scenario
 
-__all__ = ["DEFAULT_OUT", "DEFAULT_SCENARIO", "main", "run_fidelity"]
+__all__ = ["DEFAULT_SCENARIO", "RESULTS", "main", "run_fidelity"]
 
 DEFAULT_SCENARIO = "links-fidelity"
 """The scenario run by default (a name in ``simulations/scenarios``, or a path)."""
 
-DEFAULT_OUT = PROJECT_ROOT / "simulations" / "results" / "links-fidelity"
+RESULTS = PROJECT_ROOT / "simulations" / "results"
+"""``--out`` defaults to ``RESULTS / <scenario name>``."""
 
 
 def run_fidelity(
-    setup: FidelitySetup, out: Path, *, workdir: Path, app_dir: Path = PROJECT_ROOT
+    setup: FidelitySetup,
+    out: Path,
+    *,
+    workdir: Path,
+    app_dir: Path = PROJECT_ROOT,
+    nodes: str = "stock",
+    supernode_poll: float = 0.0,
 ) -> dict[str, Any]:
-    """Run the four runs (module docstring) and write ``fidelity.json`` into ``out``."""
+    """Run the five runs (module docstring) and write ``fidelity.json`` into ``out``.
+
+    ``nodes`` and ``supernode_poll`` choose the deployed nodes
+    (:func:`fedsync.deploy.links.run_over_links`).
+    """
     out.mkdir(parents=True, exist_ok=True)
-    nodes = len(setup.fleet)
+    count = len(setup.fleet)
     deployed_config = {**setup.run_config, "target-accuracy": setup.target}
     started = time.monotonic()
 
@@ -68,8 +94,10 @@ def run_fidelity(
         workdir / "calibration",
         app_dir,
         {**deployed_config, "run-name": "calibration"},
-        [None] * nodes,
+        [None] * count,
         timeout=setup.timeout,
+        nodes=nodes,
+        supernode_poll=supernode_poll,
     )
     _require_completed("calibration", calibration_run)
     calibration = Calibration.from_timings(calibration_run.timings, setup.epochs)
@@ -77,7 +105,7 @@ def run_fidelity(
     loads["measured"] = _load()
     measured_run = run_over_links(
         workdir / "measured", app_dir, {**deployed_config, "run-name": "measured"},
-        setup.shapes, timeout=setup.timeout,
+        setup.shapes, timeout=setup.timeout, nodes=nodes, supernode_poll=supernode_poll,
     )  # fmt: skip
     _require_completed("measured", measured_run)
     loads["end"] = _load()
@@ -96,7 +124,7 @@ def run_fidelity(
         path = out / f"fleet-{label}.toml"
         path.write_text(
             source.fleet_toml(
-                f"links-fidelity-{label}", setup.shapes, overhead=overhead, source=where
+                f"{setup.name}-{label}", setup.shapes, overhead=overhead, source=where
             )
         )
         fleets[label] = path
@@ -107,6 +135,9 @@ def run_fidelity(
         "scenario": setup.name,
         "machine": _machine(),
         "load_average_1min_before": loads,
+        "nodes": nodes,
+        # 0: Flower's own poll (a SuperNode asks for work every 3 s).
+        "supernode_poll_s": supernode_poll,
         "target_accuracy": setup.target,
         "links": [s.describe() for s in setup.shapes],
         "run_config": setup.run_config,
@@ -119,7 +150,7 @@ def run_fidelity(
             **in_sample.as_dict(),
             "on": "the measured run itself, modelled transfer times taken out",
         },
-        "measured": {**measured, **_overheads(measured_run)},
+        "measured": {**measured, **_overheads(measured_run, setup.shapes)},
         "simulated": {
             label: {
                 "fleet": fleets[label].name,
@@ -135,7 +166,7 @@ def run_fidelity(
             for link in measured_run.report["links"]
         ],
         "elapsed_s": round(time.monotonic() - started, 1),
-        "why_they_differ": _explanations(),
+        "why_they_differ": _explanations(nodes, supernode_poll),
         "limits": [
             "links are rate-limited with tbf both ways; this kernel has no netem (and no fq, "
             "police or gact), so there is no link delay, jitter or loss to compare",
@@ -206,24 +237,48 @@ def _run_numbers(results: Path, *, clock: str) -> dict[str, Any]:
     }
 
 
-def _overheads(run: LinkRun) -> dict[str, Any]:
-    """Mean per-task phases of a deployed run (seconds)."""
+def _overheads(run: LinkRun, shapes: Sequence[LinkShape | None] = ()) -> dict[str, Any]:
+    """Mean per-task phases of a deployed run (seconds), over all tasks and per node.
+
+    ``compute_first_task`` / ``compute_later_tasks`` split the training seconds at each
+    node's first task (a fresh process's torch warm-up); ``modelled_transfer`` is what
+    the virtual clock charges for the task's payloads on ``shapes`` (``bytes * 8 /
+    rate``), next to the measured ``download + upload``.
+    """
     timings = run.timings
     if not timings:
         return {}
 
-    def mean(values: Sequence[float]) -> float:
-        return round(statistics.fmean(values), 3)
+    def mean(values: Sequence[float]) -> float | None:
+        return round(statistics.fmean(values), 3) if values else None
 
+    def phases(rows: Sequence[TaskTiming]) -> dict[str, Any]:
+        seen: set[int] = set()
+        first: list[float] = []
+        later: list[float] = []
+        for t in rows:  # each node's tasks in dispatch order
+            (later if t.node_index in seen else first).append(t.compute_s)
+            seen.add(t.node_index)
+        return {
+            "round_trip": mean([t.round_trip_s for t in rows]),
+            "outside_polling_and_pull": mean([t.outside_s for t in rows]),
+            "poll_wait": mean([t.poll_wait_s for t in rows if t.poll_wait_s is not None]),
+            "server_pull_lag": mean([t.pull_lag_s for t in rows if t.pull_lag_s is not None]),
+            "download": mean([t.download_s for t in rows]),
+            "clientapp_total": mean([t.clientapp_s for t in rows]),
+            "clientapp_compute": mean([t.compute_s for t in rows]),
+            "compute_first_task": mean(first),
+            "compute_later_tasks": mean(later),
+            "clientapp_start_imports_data": mean([t.clientapp_overhead_s for t in rows]),
+            "upload": mean([t.upload_s for t in rows]),
+            "modelled_transfer": mean([modelled_transfer_s(t, shapes) for t in rows]),
+        }
+
+    nodes = sorted({t.node_index for t in timings})
     return {
-        "per_task_mean_s": {
-            "round_trip": mean([t.round_trip_s for t in timings]),
-            "outside_polling_and_pull": mean([t.outside_s for t in timings]),
-            "download": mean([t.download_s for t in timings]),
-            "clientapp_total": mean([t.clientapp_s for t in timings]),
-            "clientapp_compute": mean([t.compute_s for t in timings]),
-            "clientapp_start_imports_data": mean([t.clientapp_overhead_s for t in timings]),
-            "upload": mean([t.upload_s for t in timings]),
+        "per_task_mean_s": phases(timings),
+        "per_node_mean_s": {
+            str(node): phases([t for t in timings if t.node_index == node]) for node in nodes
         },
         "tasks": len(timings),
     }
@@ -267,22 +322,49 @@ def _time_at_version(numbers: Mapping[str, Any], version: int | None) -> float |
     return None
 
 
-def _explanations() -> list[str]:
+def _explanations(nodes: str, supernode_poll: float) -> list[str]:
+    if nodes == "warm":
+        runtime = (
+            "warm nodes: each node's executor runs every task in one long-lived process "
+            "(imports and the app loaded during the probe, the data on the first task), so "
+            "no process starts per task; what is left is the hand-off between SuperNode and "
+            "executor over the node's loopback (clientapp_start_imports_data) and the first "
+            "task's torch warm-up (in clientapp_compute)"
+        )
+    else:
+        runtime = (
+            "Flower 1.39 starts a fresh flwr-clientapp process for every message: Python, "
+            "torch, flwr and the app are imported, the data set is loaded and partitioned, "
+            "and the first training step pays torch's warm-up -- seconds per task on 2 "
+            "shared cores (clientapp_start_imports_data, compute_cold_start_s); the "
+            "simulation engine keeps warm Ray actors and the virtual clock counts only the "
+            "fleet's compute speed"
+        )
+    poll = (
+        f"an idle SuperNode asks for work every {supernode_poll:g} s (fedsync-node "
+        f"--supernode-poll) and checks for the ClientApp's reply as often"
+        if supernode_poll > 0
+        else "an idle SuperNode asks for work every ~3 s (Flower's fixed poll; after a reply "
+        "it sleeps those 3 s before its next ask) and waits 0.5 s between checks for the "
+        "ClientApp's reply"
+    )
     return [
-        "Flower 1.39 starts a fresh flwr-clientapp process for every message: Python, "
-        "torch, flwr and the app are imported, the data set is loaded and partitioned, and "
-        "the first training step pays torch's warm-up -- seconds per task on 2 shared cores "
-        "(clientapp_start_imports_data, compute_cold_start_s); the simulation engine keeps "
-        "warm Ray actors and the virtual clock counts only the fleet's compute speed",
-        "an idle SuperNode asks for work every ~3 s and waits 0.5 s between checks for the "
-        "ClientApp's reply (outside_polling_and_pull); the virtual clock has no polling",
-        "three ClientApp processes and the server share 2 CPU cores, so measured compute and "
+        runtime,
+        f"{poll} (poll_wait, part of outside_polling_and_pull); the virtual clock has no polling",
+        "the server takes a reply late (server_pull_lag, the rest of "
+        "outside_polling_and_pull): Flower 1.39's ServerApp pulls a reply's objects as soon "
+        "as the reply is announced, while the node is still uploading them, retrying with "
+        "a backoff of 1, 2, 4 ... 10 s; a slow uplink's upload holds the server's pull, and "
+        "replies of faster nodes that finish meanwhile wait behind it (with their next "
+        "task). The virtual clock takes every reply the moment its upload ends",
+        "the ClientApps and the server share 2 CPU cores, so measured compute and "
         "start-up stretch when tasks overlap; the fleet has one speed per device",
         "every node first downloads the app bundle (fab_bytes) over its link: with the "
         "probe before the clock starts it does not count toward time-to-target, but on the "
         "1 Mbit/s link it delays the run's start (first_message_download_s)",
-        "transfers: payloads of a few kB take well under a second even at 1 Mbit/s; TLS, "
-        "gRPC and TCP/IP add about 5 % plus a few round trips per message",
+        "transfers: the virtual clock charges the payload bytes over the link rate; the "
+        "wire also carries TLS, HTTP/2, gRPC and TCP/IP headers (a few %), the requests "
+        "around each message, and the SuperNode's polls on the same shaped link",
     ]
 
 
@@ -315,11 +397,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m simulations.fidelity", description=__doc__)
     parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario name or .toml path")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default simulations/results/<scenario>)",
+    )
+    parser.add_argument(
+        "--nodes",
+        choices=NODE_KINDS,
+        default="stock",
+        help="stock: Flower's SuperNodes (a process per task); warm: fedsync-node",
+    )
+    parser.add_argument(
+        "--supernode-poll",
+        type=float,
+        default=0.0,
+        help="warm nodes: seconds between a SuperNode's asks for work (0: Flower's 3 s)",
+    )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="run folders (default runs/fidelity-<time>)"
     )
     args = parser.parse_args(argv)
+    if not args.supernode_poll >= 0.0:
+        parser.error(f"--supernode-poll must be >= 0, got {args.supernode_poll}")
+    if args.supernode_poll > 0.0 and args.nodes != "warm":
+        parser.error("--supernode-poll needs --nodes warm (stock SuperNodes poll every 3 s)")
     try:
         setup = FidelitySetup.from_scenario(load_scenario(args.scenario))
     except ScenarioError as err:
@@ -330,9 +433,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot build shaped links here: {reason}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S")
-    report = run_fidelity(setup, args.out, workdir=workdir.resolve())
+    out = args.out or RESULTS / setup.name
+    report = run_fidelity(
+        setup,
+        out,
+        workdir=workdir.resolve(),
+        nodes=args.nodes,
+        supernode_poll=args.supernode_poll,
+    )
     print(json.dumps({k: report[k] for k in ("measured", "simulated")}, indent=2))
-    print(f"written: {args.out / 'fidelity.json'}")
+    print(f"written: {out / 'fidelity.json'}")
     return 0
 
 

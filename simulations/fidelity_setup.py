@@ -20,9 +20,20 @@ from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
 from simulations.scenario import Scenario, ScenarioError
 
-__all__ = ["Calibration", "FidelitySetup"]
+__all__ = ["Calibration", "FidelitySetup", "modelled_transfer_s"]
 
 _MBIT = 1e6
+
+
+def modelled_transfer_s(timing: TaskTiming, shapes: Sequence[LinkShape | None]) -> float:
+    """The virtual clock's transfer seconds for a task's payloads: ``bytes * 8 / rate``
+    both ways on its node's link (``shapes[node_index]``; missing or ``None``: 0)."""
+    shape = shapes[timing.node_index] if timing.node_index < len(shapes) else None
+    if shape is None:
+        return 0.0
+    return (
+        (timing.bytes_down / shape.downlink_mbit + timing.bytes_up / shape.uplink_mbit) * 8 / _MBIT
+    )
 
 
 @dataclass(frozen=True)
@@ -160,14 +171,8 @@ class Calibration:
             When there is no task with a positive number of examples.
         """
 
-        def modelled_transfer(t: TaskTiming) -> float:
-            shape = shapes[t.node_index] if t.node_index < len(shapes) else None
-            if shape is None:
-                return 0.0
-            return (t.bytes_down / shape.downlink_mbit + t.bytes_up / shape.uplink_mbit) * 8 / _MBIT
-
         rows = [
-            (t.examples * epochs, t.compute_s, t.round_trip_s - modelled_transfer(t))
+            (t.examples * epochs, t.compute_s, t.round_trip_s - modelled_transfer_s(t, shapes))
             for t in timings
             if t.examples
         ]

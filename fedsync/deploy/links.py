@@ -12,6 +12,12 @@ and removes every namespace, and writes ``links.json`` beside the run's
   app bundle (FAB) every node fetches once per run -- on a slow link a visible cost;
 * every task's phases (:mod:`fedsync.deploy.timing`) and per-node summaries, next to
   what the link model predicts for the transfers alone (``bytes * 8 / rate``).
+
+``nodes="stock"`` starts Flower's own ``flower-supernode`` in each namespace (a fresh
+``flwr-clientapp`` process per task); ``nodes="warm"`` starts ``fedsync-node``
+(:mod:`fedsync.deploy.node`) there instead: the SuperNode and its long-lived warm
+executor, both children of the node's process inside the node's namespace, talking over
+that namespace's loopback (:class:`~fedsync.deploy.warm.WarmLocalDeployment`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from fedsync.config import RunConfig
 from fedsync.deploy.local import LocalDeployment, RunOutcome
@@ -33,8 +39,19 @@ from fedsync.deploy.timing import (
     summarize,
     task_timings,
 )
+from fedsync.deploy.warm import WarmLocalDeployment
 
-__all__ = ["LinkRun", "fab_bytes", "link_report", "run_over_links"]
+__all__ = [
+    "NODE_KINDS",
+    "LinkRun",
+    "fab_bytes",
+    "link_deployment",
+    "link_report",
+    "run_over_links",
+]
+
+NODE_KINDS: Final = ("stock", "warm")
+"""How the nodes run their ClientApps (module docstring)."""
 
 _MBIT = 1e6
 
@@ -82,6 +99,8 @@ def run_over_links(
     node_configs: Sequence[Mapping[str, Any]] | None = None,
     timeout: float = 900.0,
     echo: bool = False,
+    nodes: str = "stock",
+    supernode_poll: float = 0.0,
 ) -> LinkRun:
     """Deploy the app with SuperNode ``i`` behind a link shaped ``shapes[i]`` and run it.
 
@@ -103,12 +122,21 @@ def run_over_links(
         Seconds for the run.
     echo : bool
         Print the run's log as it streams.
+    nodes : {"stock", "warm"}
+        Flower's SuperNodes, or ``fedsync-node`` warm nodes (module docstring).
+    supernode_poll : float
+        Warm nodes only: above 0, each SuperNode asks for work this often instead of
+        Flower's fixed 3 s (``fedsync-node --supernode-poll``); 0 keeps Flower's poll.
 
     Raises
     ------
+    ValueError
+        An unknown ``nodes``, or a ``supernode_poll`` for stock nodes (checked before
+        anything is built).
     fedsync.deploy.netns.NetnsUnavailable
         When namespaces cannot be used here.
     """
+    _check_nodes(nodes, supernode_poll)
     count = len(shapes)
     node_configs = node_configs or [
         {"partition-id": i, "num-partitions": count} for i in range(count)
@@ -126,7 +154,9 @@ def run_over_links(
     try:
         network.create()
         described = network.describe()  # destroy() forgets the links
-        deployment = LocalDeployment(workdir / "run", node_configs, network=network)
+        deployment = link_deployment(
+            workdir / "run", node_configs, network, nodes=nodes, supernode_poll=supernode_poll
+        )
         try:
             deployment.start()
             before = network.counters()
@@ -137,7 +167,10 @@ def run_over_links(
     finally:
         network.destroy()
     logs = [deployment.link.logs / f"supernode-{i}.log" for i in range(count)]
-    timings = task_timings(results / "events.jsonl", logs) if results.is_dir() else []
+    superlink_log = deployment.link.logs / "superlink.log"
+    timings = (
+        task_timings(results / "events.jsonl", logs, superlink_log) if results.is_dir() else []
+    )
     report = link_report(
         links=described,
         shapes=shapes,
@@ -146,6 +179,8 @@ def run_over_links(
         timings=timings,
         fab_size=fab_bytes(deployment.link.workdir / "superlink.db"),
         outcome=outcome,
+        nodes=nodes,
+        supernode_poll=supernode_poll,
     )
     if results.is_dir():
         (results / "links.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -159,6 +194,40 @@ def run_over_links(
     )
 
 
+def link_deployment(
+    workdir: Path,
+    node_configs: Sequence[Mapping[str, Any]],
+    network: ShapedNetwork,
+    *,
+    nodes: str = "stock",
+    supernode_poll: float = 0.0,
+) -> LocalDeployment:
+    """The deployment :func:`run_over_links` starts on a created ``network``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``nodes`` kind, or ``supernode_poll`` set for stock nodes.
+    """
+    _check_nodes(nodes, supernode_poll)
+    if nodes == "warm":
+        return WarmLocalDeployment(
+            workdir, node_configs, network=network, supernode_poll=supernode_poll
+        )
+    return LocalDeployment(workdir, node_configs, network=network)
+
+
+def _check_nodes(nodes: str, supernode_poll: float) -> None:
+    if nodes not in NODE_KINDS:
+        raise ValueError(f"nodes must be one of {', '.join(NODE_KINDS)}, got {nodes!r}")
+    if not supernode_poll >= 0.0:  # also refuses NaN
+        raise ValueError(f"supernode_poll must be >= 0 seconds, got {supernode_poll}")
+    if supernode_poll > 0.0 and nodes != "warm":
+        raise ValueError(
+            "supernode_poll needs warm nodes (fedsync-node); stock SuperNodes poll every 3 s"
+        )
+
+
 def link_report(
     *,
     links: Sequence[Mapping[str, Any]],
@@ -168,6 +237,8 @@ def link_report(
     timings: Sequence[TaskTiming],
     fab_size: int | None,
     outcome: RunOutcome,
+    nodes: str = "stock",
+    supernode_poll: float = 0.0,
 ) -> dict[str, Any]:
     """The ``links.json`` report (see the module docstring)."""
     per_link = []
@@ -196,15 +267,26 @@ def link_report(
             "tasks": [t.as_dict() for t in own],
         }
         per_link.append(entry)
+    clientapp = (
+        "the node's warm executor (pull, training, encoding, push) and the SuperNode's wait "
+        "for the reply"
+        if nodes == "warm"
+        else "a fresh flwr-clientapp process (start, imports, data, training, encoding)"
+    )
     return {
         "outcome": {"run_id": outcome.run_id, "status": outcome.status},
+        "nodes": nodes,
+        # 0: Flower's own fixed poll (3 s between a SuperNode's asks for work).
+        "supernode_poll_s": supernode_poll,
         "fab_bytes": fab_size,
         "links": per_link,
         "notes": [
             "wire bytes are the host end's interface counters: TLS, HTTP/2, gRPC framing, "
             "TCP/IP headers, the FAB and the SuperNode's polling included",
-            "task phases: outside = SuperNode polling wait + server pull lag; clientapp = "
-            "a fresh flwr-clientapp process (start, imports, data, training, encoding)",
+            f"task phases: outside = SuperNode polling wait (poll_wait_s: dispatch to the "
+            f"node's pull) + server pull lag (pull_lag_s: the node's Sent to the server's "
+            f"arrival; clocks joined by the SuperLink's log of the dispatches); clientapp = "
+            f"{clientapp}",
             "links are rate-limited only: this kernel has no netem (no delay, no loss)",
         ],
     }

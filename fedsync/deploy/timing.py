@@ -16,14 +16,25 @@ training time (``wall_compute_s``). A SuperNode started with timestamped logs
 
 A SuperNode handles one message at a time, so its k-th train message is the k-th task
 dispatched to it (the server sends each device one task at a time).
+
+``outside`` splits further when the SuperLink's log is given: ``poll_wait`` is from
+the dispatch to the SuperNode's ``Receiving``, ``pull_lag`` from its ``Sent`` to the
+server's arrival. The server's clock (``wall_time``, seconds since the run started) is
+joined to Unix time by the SuperLink's access log, which stamps every ``push-messages``
+call: the server pushes one per dispatch, so the last ``n`` pushes are the ``n``
+dispatches (:func:`server_clock_offset`). A long pull lag is the server not taking the
+reply yet: Flower 1.39's ServerApp pulls a reply's objects as soon as the reply is
+announced, while the node is still uploading them, retrying with a growing backoff; a
+slow uplink holds it there, and the replies of other nodes wait behind it.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +45,7 @@ __all__ = [
     "NodeMessage",
     "TaskTiming",
     "parse_supernode_log",
+    "server_clock_offset",
     "summarize",
     "summarize_by_node",
     "task_timings",
@@ -43,6 +55,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NODE_ID = re.compile(r"SuperNode ID: (\d+)")
 _RECEIVING = re.compile(r"Receiving: (\w+) message")
 _SENDING = re.compile(r"Sending: (\w+) message")
+_PUSH = re.compile(
+    r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z .*\"POST /v1/runtime/push-messages "
+)
+_JOIN_SPREAD_S = 0.5
+"""Pushes and dispatches that disagree by more than this are not one per dispatch."""
 
 
 @dataclass
@@ -97,6 +114,14 @@ class TaskTiming:
     bytes_up: int
     examples: int = 0
     """The node's training examples (``num-examples`` of the reply)."""
+    pull_lag_s: float | None = None
+    """Part of ``outside_s`` from the SuperNode's ``Sent`` to the server's arrival
+    (``None``: the event log has no server times)."""
+
+    @property
+    def poll_wait_s(self) -> float | None:
+        """Part of ``outside_s`` from dispatch to the SuperNode's ``Receiving``."""
+        return None if self.pull_lag_s is None else self.outside_s - self.pull_lag_s
 
     @property
     def clientapp_overhead_s(self) -> float:
@@ -116,19 +141,56 @@ class TaskTiming:
             "compute_s": round(self.compute_s, 3),
             "clientapp_overhead_s": round(self.clientapp_overhead_s, 3),
             "upload_s": round(self.upload_s, 3),
+            "poll_wait_s": _round(self.poll_wait_s),
+            "pull_lag_s": _round(self.pull_lag_s),
             "bytes_down": self.bytes_down,
             "bytes_up": self.bytes_up,
             "examples": self.examples,
         }
 
 
-def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[TaskTiming]:
+def server_clock_offset(
+    superlink_log: Path, events: Sequence[Mapping[str, object]]
+) -> float | None:
+    """Unix time minus the event log's ``wall_time``, from the SuperLink's access log.
+
+    The last ``n`` ``push-messages`` requests the SuperLink logged are paired with the
+    ``n`` dispatch events; the offset is the median difference. ``None`` when the log or
+    the times are missing, or the pairs disagree by more than 0.5 s (the server did not
+    push one request per dispatch).
+    """
+    if not superlink_log.is_file():
+        return None
+    pushes = []
+    for line in superlink_log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if (match := _PUSH.match(line)) is not None:
+            pushes.append(datetime.fromisoformat(match.group(1)).replace(tzinfo=UTC).timestamp())
+    dispatches = [
+        float(str(e["wall_time"]))
+        for e in events
+        if e.get("event") == "dispatch" and e.get("wall_time") is not None
+    ]
+    if not dispatches or len(pushes) < len(dispatches):
+        return None
+    diffs = [p - d for p, d in zip(pushes[-len(dispatches) :], dispatches, strict=True)]
+    if max(diffs) - min(diffs) > _JOIN_SPREAD_S:
+        return None
+    return statistics.median(diffs)
+
+
+def task_timings(
+    events_path: Path, supernode_logs: Sequence[Path], superlink_log: Path | None = None
+) -> list[TaskTiming]:
     """Join the event log with SuperNode ``i``'s log (``supernode_logs[i]``).
+
+    With ``superlink_log`` (the SuperLink's timestamped access log) each task's
+    ``outside`` is split into poll wait and pull lag (module docstring).
 
     Tasks that did not arrive (errors, drops) and messages whose phases are not all
     logged are left out.
     """
     events = list(read_events(events_path))
+    offset = None if superlink_log is None else server_clock_offset(superlink_log, events)
     dispatched: dict[int, list[str]] = {}
     for event in events:
         if event["event"] == "dispatch":
@@ -148,6 +210,10 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
             assert message.sent is not None
             round_trip = float(arrival["sim_duration"])
             busy = message.sent - message.receiving
+            wall = arrival.get("wall_time")
+            pull_lag = (
+                None if offset is None or wall is None else float(wall) + offset - message.sent
+            )
             timings.append(
                 TaskTiming(
                     task=task_id,
@@ -162,9 +228,14 @@ def task_timings(events_path: Path, supernode_logs: Sequence[Path]) -> list[Task
                     bytes_down=int(arrival["bytes_down"]),
                     bytes_up=int(arrival["bytes_up"]),
                     examples=int(arrival.get("num_examples") or 0),
+                    pull_lag_s=pull_lag,
                 )
             )
     return timings
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 _PHASES = (
@@ -175,6 +246,8 @@ _PHASES = (
     "compute_s",
     "clientapp_overhead_s",
     "upload_s",
+    "poll_wait_s",
+    "pull_lag_s",
 )
 
 
@@ -189,7 +262,9 @@ def summarize(timings: Iterable[TaskTiming]) -> dict[str, Any]:
         "bytes_up": sum(r["bytes_up"] for r in rows),
     }
     for phase in _PHASES:
-        values = [float(r[phase]) for r in rows]
+        values = [float(r[phase]) for r in rows if r[phase] is not None]
+        if not values:
+            continue
         summary[phase] = {
             "mean": round(statistics.fmean(values), 3),
             "median": round(statistics.median(values), 3),

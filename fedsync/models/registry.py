@@ -12,7 +12,7 @@ from fedsync.data.registry import dataset_info
 from fedsync.models.char_lstm import CharLSTM, small_char_lstm
 from fedsync.models.cnn import LeNet5
 from fedsync.models.logreg import LogisticRegression
-from fedsync.models.mlp import MLP
+from fedsync.models.mlp import MLP, wide_mlp
 
 ModelFactory = Callable[..., nn.Module]
 """``factory(input_shape, num_classes, **kwargs) -> nn.Module``."""
@@ -21,6 +21,7 @@ AUTO = "auto"
 
 _REGISTRY: dict[str, ModelFactory] = {
     "mlp": MLP,
+    "mlp-wide": wide_mlp,
     "cnn": LeNet5,
     "char-lstm": CharLSTM,
     "char-lstm-small": small_char_lstm,

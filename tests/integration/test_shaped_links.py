@@ -3,7 +3,9 @@
 Each SuperNode runs behind a veth pair shaped with ``tbf`` both ways; the SuperLink
 (TLS, node authentication) listens on the host end of the first link. A small
 asynchronous run on the wall clock completes, and ``links.json`` in the run's results
-folder holds the bytes that crossed each link and every task's phases. The app bundle
+folder holds the bytes that crossed each link and every task's phases -- with Flower's
+stock SuperNodes and with warm nodes (``fedsync-node``: SuperNode and executor both
+inside the node's namespace, on its loopback). The app bundle
 (FAB) that each node downloads on its first message shows the shaping: its download
 takes at least ``size / rate``. Skips where ``ip netns`` is not permitted.
 """
@@ -33,7 +35,8 @@ def _namespaces_allowed() -> None:
 
 
 @pytest.mark.usefixtures("_namespaces_allowed")
-def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path) -> None:
+@pytest.mark.parametrize("nodes", ["stock", "warm"])
+def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path, nodes: str) -> None:
     run = run_over_links(
         tmp_path,
         project_root,
@@ -48,6 +51,7 @@ def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path) -> None
         },
         [LinkShape.symmetric(rate) for rate in RATES_MBIT],
         timeout=240,
+        nodes=nodes,
     )
     # Everything started is gone: processes and namespaces.
     assert live_group_members(run.pids) == []
@@ -57,6 +61,7 @@ def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path) -> None
 
     assert run.outcome.completed, f"{run.outcome.status} {run.outcome.details}"
     assert run.summary["aggregations"] == 3
+    assert report["nodes"] == nodes
 
     fab = report["fab_bytes"]
     assert fab and fab > 10_000
@@ -73,6 +78,10 @@ def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path) -> None
             assert task["round_trip_s"] > task["clientapp_s"] > 0.0
             assert task["download_s"] > 0.0 and task["upload_s"] > 0.0
             assert task["download_s"] >= 0.8 * task["bytes_down"] * 8 / (rate * 1e6)
+            # The server's clock joins the nodes' (SuperLink log): outside splits in two.
+            assert task["poll_wait_s"] + task["pull_lag_s"] == pytest.approx(
+                task["outside_s"], abs=0.01
+            )
         # Shaping works: the FAB cannot arrive faster than its size over the link's rate.
         first = link["first_message"]
         assert first["download_s"] >= 0.9 * fab * 8 / (rate * 1e6)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from fedsync.deploy.auth import AlreadyRegistered, NodeKey, generate_node_key
 from fedsync.deploy.local import DeploymentError, LocalDeployment, LocalSuperLink
-from fedsync.deploy.netns import LinkShape, NodeLink
+from fedsync.deploy.netns import LinkShape
+from tests.unit.loopback_network import LoopbackNetwork
 
 NODES = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
 
@@ -89,23 +89,8 @@ def test_supernode_command_carries_key_and_ca(tmp_path: Path) -> None:
     assert _flag(command, "--auth-supernode-private-key") == str(stranger.private_key)
 
 
-@dataclass
-class _FakeNetwork:
-    """Quacks like a created ShapedNetwork, on loopback (no namespace needed)."""
-
-    shapes: list[LinkShape | None]
-    links: list[NodeLink] = field(default_factory=list)
-    server_address: str = "127.0.0.1"
-
-    def __post_init__(self) -> None:
-        self.links = [
-            NodeLink(i, f"fedsync-t-{i}", f"h{i}", f"n{i}", "127.0.0.1", "127.0.0.2", shape)
-            for i, shape in enumerate(self.shapes)
-        ]
-
-
 def test_supernodes_run_in_their_namespaces(tmp_path: Path) -> None:
-    network = _FakeNetwork([LinkShape.symmetric(1), None])
+    network = LoopbackNetwork([LinkShape.symmetric(1), None])
     deployment = LocalDeployment(tmp_path, NODES, network=network)  # type: ignore[arg-type]
     deployment.node_keys = [generate_node_key(tmp_path / f"k{i}") for i in range(2)]
     command = deployment.supernode_command(1)

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from fedsync.clock import FleetSpec
+from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
+from fedsync.task import model_for, model_state
 from simulations.fidelity import DEFAULT_SCENARIO, main
 from simulations.fidelity_setup import Calibration, FidelitySetup
 from simulations.scenario import (
@@ -58,6 +61,28 @@ def test_the_shipped_scenario_matches_its_fleet() -> None:
     assert setup.federation == {"num-supernodes": 3, "client-resources-num-cpus": 1}
     assert setup.shapes == [LinkShape.symmetric(r) for r in (1.0, 5.0, 20.0)]
     assert (setup.target, setup.timeout, setup.epochs) == (0.7, 600.0, 2)
+
+
+def test_the_dense_scenario_moves_over_a_megabyte_each_way_on_slow_links() -> None:
+    setup = FidelitySetup.from_scenario(load_scenario("links-fidelity-dense"))
+    assert setup.shapes == [LinkShape.symmetric(r) for r in (1.0, 2.0, 5.0)]
+    assert setup.run_config["downlink-kind"] == "full"
+    # The real encoded payloads of the scenario's model: its whole float32 state, both
+    # ways, over 1 MB (8 s at 1 Mbit/s, 1.6 s at 5 Mbit/s).
+    training = RunConfig.from_run_config(setup.run_config).training
+    state = model_state(model_for(training))
+    for key in ("uplink-codec", "downlink-codec"):
+        payload = UpdateCodec(setup.run_config[key], seed=0).encode(state)
+        assert len(payload) >= 1_000_000, key
+    # Every fleet value besides the link rates is the compute speed; no latency.
+    assert {p.latency for p in setup.fleet.profiles} == {0.0}
+
+
+def test_command_line_refuses_a_poll_for_stock_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--scenario", "links-fidelity-dense", "--supernode-poll", "0.2"])
+    assert exit_info.value.code == 2
+    assert "--supernode-poll needs --nodes warm" in capsys.readouterr().err
 
 
 def _scenario(**changes: object) -> dict[str, object]:

@@ -28,6 +28,7 @@ SMALL_LSTM: dict[str, Any] = {"hidden_size": 16, "num_layers": 2}
     [
         ("mlp", (64,), 10, torch.rand(5, 64), {}),
         ("mlp", (1, 28, 28), 10, torch.rand(5, 1, 28, 28), {"hidden": (32, 16)}),
+        ("mlp-wide", (64,), 10, torch.rand(5, 64), {}),
         ("cnn", (1, 28, 28), 10, torch.rand(5, 1, 28, 28), {}),
         ("cnn", (3, 32, 32), 7, torch.rand(5, 3, 32, 32), {}),
         ("char-lstm", (80,), 64, torch.randint(0, 64, (5, 80)), SMALL_LSTM),
@@ -52,7 +53,7 @@ def test_char_lstm_accepts_uint8_ids() -> None:
 
 
 def test_default_models() -> None:
-    assert model_names() == ("char-lstm", "char-lstm-small", "cnn", "logreg", "mlp")
+    assert model_names() == ("char-lstm", "char-lstm-small", "cnn", "logreg", "mlp", "mlp-wide")
     assert default_model_for("digits") == "mlp"
     assert default_model_for("mnist") == default_model_for("fashion-mnist") == "cnn"
     assert default_model_for("shakespeare") == "char-lstm"
@@ -61,8 +62,16 @@ def test_default_models() -> None:
     assert type(model).__name__ == "LeNet5"
 
 
+def test_wide_mlp_weighs_over_a_megabyte_dense() -> None:
+    model = build_model("mlp-wide", 10, (64,))
+    # 64x512 + 512x512 + 512x10 weights and their biases: 1.2 MB as float32.
+    assert sum(p.numel() for p in model.parameters()) == 301_066 >= 262_144
+
+
 def test_bad_names() -> None:
-    with pytest.raises(ValueError, match="valid: char-lstm, char-lstm-small, cnn, logreg, mlp"):
+    with pytest.raises(
+        ValueError, match="valid: char-lstm, char-lstm-small, cnn, logreg, mlp, mlp-wide"
+    ):
         build_model("resnet-9000", 10, (64,))
     with pytest.raises(ValueError, match="needs the dataset"):
         build_model("auto", 10, (64,))
