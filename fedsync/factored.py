@@ -28,7 +28,7 @@ Tensors that are not factored (biases, norms, small matrices) train and travel a
 any other run.
 
 Which tensors are factored follows from the shapes alone (PowerSGD's "worth it?"
-rule: ``r * (m + n) * min_rate < m * n``, the rank capped at ``min(m, n)``), so the
+rule, :func:`fedsync.updates.factored_rank`), so the
 device derives the shapes of the frozen factors it decodes and of the deltas it sends
 from the model and the run config, as the server does.
 """
@@ -41,7 +41,7 @@ from typing import Final, Literal
 
 import torch
 
-from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, matrix_dims
+from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, factored_rank, matrix_dims
 
 __all__ = [
     "SCHEDULES",
@@ -111,13 +111,10 @@ def factor_shapes(
     """
     shapes: dict[str, FactorShape] = {}
     for name, spec in specs.items():
+        r = factored_rank(spec.shape, rank, min_rate)
         dims = matrix_dims(spec.shape)
-        if dims is None:
-            continue
-        m, n = dims
-        r = min(rank, m, n)
-        if r * (m + n) * min_rate < m * n:
-            shapes[name] = FactorShape(spec, m, n, r)
+        if r and dims is not None:
+            shapes[name] = FactorShape(spec, *dims, r)
     return shapes
 
 

@@ -65,6 +65,23 @@ def matrix_dims(shape: tuple[int, ...]) -> tuple[int, int] | None:
     return int(shape[0]), math.prod(int(d) for d in shape[1:])
 
 
+def factored_rank(shape: tuple[int, ...], rank: int, min_rate: float) -> int:
+    """The rank a tensor of ``shape`` is factored at, or 0 when it is not worth it.
+
+    PowerSGD's "worth it?" rule, shared by the ``powersgd`` stage and AB-Training: the
+    rank is capped at ``min(m, n)``, and the tensor is factored only when its factors
+    are at least ``min_rate`` times smaller than it, ``r * (m + n) * min_rate < m * n``.
+    """
+    dims = matrix_dims(shape)
+    if dims is None:
+        return 0
+    m, n = dims
+    r = min(rank, m, n)
+    if r < 1 or r * (m + n) * min_rate >= m * n:
+        return 0
+    return r
+
+
 def lowrank_rank(shape: tuple[int, ...], count: int) -> int | None:
     """The rank ``r`` of a ``lowrank`` tensor of ``shape`` carrying ``count`` values:
     ``count == r * (m + n)`` with ``1 <= r <= min(m, n)``; ``None`` when no such ``r``."""

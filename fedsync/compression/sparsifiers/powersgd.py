@@ -48,7 +48,7 @@ from fedsync.compression.base import Kept, Quantizer, Sparsifier
 from fedsync.compression.config import BuildContext, SparsifierConfig, check_range
 from fedsync.compression.errors import NonFiniteInputError, SpecError
 from fedsync.compression.registry import REGISTRY, register
-from fedsync.updates import IndexMode, TensorSpec, matrix_dims
+from fedsync.updates import IndexMode, TensorSpec, factored_rank, matrix_dims
 
 __all__ = ["FALLBACKS", "PowerSGD", "PowerSGDConfig", "orthonormalize"]
 
@@ -142,14 +142,7 @@ class PowerSGD(Sparsifier):
 
     def rank_for(self, spec: TensorSpec) -> int:
         """The rank ``spec`` is factored at, or 0 when it travels as the fallback."""
-        dims = matrix_dims(spec.shape)
-        if dims is None:
-            return 0
-        m, n = dims
-        rank = min(self.config.rank, m, n)
-        if rank < 1 or rank * (m + n) * self.config.min_rate >= m * n:
-            return 0
-        return rank
+        return factored_rank(spec.shape, self.config.rank, self.config.min_rate)
 
     def index_mode(self, spec: TensorSpec) -> IndexMode:
         return "lowrank" if self.rank_for(spec) else "dense"
