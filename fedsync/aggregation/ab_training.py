@@ -148,11 +148,9 @@ class ABTraining:
             frozen = other(side)
             codec = self._codecs[side]
             payload = codec.encode(factors[frozen])
-            decoded = densify(codec.decode(payload, self._frozen_specs[side]))
+            decoded = densify(codec.decode(payload, self._frozen_specs[side], device=self.device))
             epoch.payload[side] = payload
-            epoch.frozen[side] = {
-                name: t.to(self.device, torch.float32) for name, t in decoded.items()
-            }
+            epoch.frozen[side] = {name: t.to(torch.float32) for name, t in decoded.items()}
         self._epoch = epoch
         self.splits += 1
         return epoch
@@ -170,14 +168,14 @@ class ABTraining:
         return self.uplink[self._tasks[task_id][0]]
 
     def rebuild(self, task_id: str, update: Mapping[str, SparseTensor]) -> dict[str, SparseTensor]:
-        """The model update a reply stands for, and the task released.
+        """The model update a reply stands for.
 
         ``update`` is the decoded, validated reply (schema :attr:`uplink` of the task's
         side): each factored tensor's factor delta becomes the exact rank-``r`` product
         with the frozen factor (:func:`fedsync.factored.rebuild`); the other tensors pass
-        through.
+        through. The task stays planned until :meth:`release`.
         """
-        side, epoch = self._tasks.pop(task_id)
+        side, epoch = self._tasks[task_id]
         frozen = epoch.frozen[side]
         rebuilt: dict[str, SparseTensor] = {}
         for name, tensor in update.items():
@@ -190,7 +188,7 @@ class ABTraining:
         return rebuilt
 
     def release(self, task_id: str) -> None:
-        """Forget a task (failed, lost or rejected): its epoch's factors may go."""
+        """Forget a task (answered, failed or lost): its epoch's factors may go."""
         self._tasks.pop(task_id, None)
 
     def describe(self) -> dict[str, object]:
