@@ -47,7 +47,6 @@ from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
 from fedsync.compression.spec import parse_spec
-from fedsync.config import RunConfig
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.records import get_int
 from fedsync.task import model_state, tensor_specs
@@ -84,7 +83,7 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     # Only a run with delta downlinks needs the decoded model kept for the next task: in
     # the simulation every node's context stays in one process, and a model per node
     # there grows with the number of nodes for nothing.
-    compression = RunConfig.from_run_config(context.run_config).compression
+    compression = runtime.compression
     keep_base = compression.downlink_kind == "delta"
     masks = _pruning_masks(task, specs, context)
     start = _apply_downlink(

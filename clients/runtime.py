@@ -11,6 +11,7 @@ from flwr.app import Context
 
 from fedsync import protocol
 from fedsync.config import (
+    CompressionSection,
     RunConfig,
     SettingsError,
     TrainingSection,
@@ -32,6 +33,8 @@ class ClientRuntime:
     ----------
     settings : TrainingSection
         The run config's data, model and training keys, typed.
+    compression : CompressionSection
+        The run config's compression keys (downlink kind, AB-Training's rank).
     device : torch.device
         Node config ``device`` wins over the run config's (a GPU box says ``cuda:0``).
     partition_id, num_partitions : int
@@ -41,6 +44,7 @@ class ClientRuntime:
     """
 
     settings: TrainingSection
+    compression: CompressionSection
     device: torch.device
     partition_id: int
     num_partitions: int
@@ -49,12 +53,13 @@ class ClientRuntime:
     @classmethod
     def from_context(cls, context: Context) -> ClientRuntime:
         """Read settings, device and partition from a Flower context."""
-        settings = RunConfig.from_run_config(context.run_config).training
+        config = RunConfig.from_run_config(context.run_config)
+        settings = config.training
         node_config = dict(context.node_config)
         device = resolve_device(str(node_config.get("device", settings.device)))
         partition_id, num_partitions = node_partition(node_config)
         _limit_threads(node_config)
-        return cls(settings, device, partition_id, num_partitions, node_config)
+        return cls(settings, config.compression, device, partition_id, num_partitions, node_config)
 
     def data(self) -> tuple[ArrayDataset, ArrayDataset]:
         """This node's (train, validation) data; cached per process by the loader."""
