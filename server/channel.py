@@ -178,16 +178,14 @@ class GridChannel:
     def overdue(self) -> list[Delivery]:
         """Stop waiting for replies well past their TTL (Flower should have said so).
 
-        A reply the SuperLink has already handed out, whose objects are still being
-        pulled, is not overdue: its pull ends with the reply or with Flower's error.
+        That includes a reply the SuperLink has handed out whose objects are still being
+        pulled (a node that died mid-upload would hold its pull for Flower's 2 h limit):
+        the pull is stopped, and a reply that completes anyway is ignored.
         """
         now = time.monotonic()
-        pulling = self._pulls.pulling if self._pulls is not None else frozenset()
-        late = [
-            m
-            for m, at in self._pushed_at.items()
-            if now - at > self.task_ttl + TTL_GRACE_S and m not in pulling
-        ]
+        late = [m for m, at in self._pushed_at.items() if now - at > self.task_ttl + TTL_GRACE_S]
+        if self._pulls is not None:
+            self._pulls.forget(late)
         deliveries = []
         for message_id in late:
             del self._pushed_at[message_id]

@@ -106,6 +106,8 @@ class ReplyPulls:
         self._pulling: dict[str, Future[PulledReply]] = {}
         """Task message id -> the pull of its reply, until :meth:`pull` returns it."""
         self._closed = threading.Event()
+        self._forgotten: set[str] = set()
+        """Task message ids whose pull :meth:`forget` stopped."""
 
     @property
     def pulling(self) -> frozenset[str]:
@@ -150,6 +152,16 @@ class ReplyPulls:
                 pulled.append(PulledReply(message_id, None, code=0, reason=reason))
         return pulled
 
+    def forget(self, message_ids: Iterable[str]) -> None:
+        """Stop pulling the replies to these task messages (the caller stopped waiting).
+
+        A pull in flight ends at its next try for an object; none of them is returned.
+        """
+        for message_id in message_ids:
+            future = self._pulling.pop(message_id, None)
+            if future is not None and not future.cancel() and not future.done():
+                self._forgotten.add(message_id)  # running: its next try stops it
+
     def close(self) -> None:
         """Stop every pull in flight and end the worker threads (waits for them)."""
         self._closed.set()
@@ -161,6 +173,12 @@ class ReplyPulls:
         return self._grid._runtime_client  # type: ignore[attr-defined]
 
     def _pull_one(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
+        try:
+            return self._pull_and_inflate(task_id, reply_id, object_ids)
+        finally:
+            self._forgotten.discard(task_id)
+
+    def _pull_and_inflate(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
         client = self._client()
         fetch = self._make_pull_fn(
             pull_object_protobuf=client.PullObject,
@@ -169,7 +187,7 @@ class ReplyPulls:
         )
         try:
             contents = self._utils.pull_objects(
-                object_ids, pull_object_fn=self._unless_closed(fetch)
+                object_ids, pull_object_fn=self._unless_stopped(task_id, fetch)
             )
         except self._utils.ObjectPullError as err:
             reason = (
@@ -189,13 +207,15 @@ class ReplyPulls:
             raise TypeError(f"reply {reply_id} inflated to {type(message).__name__}")
         return PulledReply(task_id, message)
 
-    def _unless_closed(self, fetch: Callable[[str], bytes]) -> Callable[[str], bytes]:
-        def fetch_unless_closed(object_id: str) -> bytes:
-            if self._closed.is_set():
-                raise self._utils.ObjectPullError(object_id, "the run ended")
+    def _unless_stopped(
+        self, task_id: str, fetch: Callable[[str], bytes]
+    ) -> Callable[[str], bytes]:
+        def fetch_unless_stopped(object_id: str) -> bytes:
+            if self._closed.is_set() or task_id in self._forgotten:
+                raise self._utils.ObjectPullError(object_id, "no longer awaited")
             return fetch(object_id)
 
-        return fetch_unless_closed
+        return fetch_unless_stopped
 
 
 def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPulls | None:
