@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from fedsync.object_pulls import shorten_object_pulls
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from server.probe import probe_nodes
+from server.reply_pulls import PulledReply, concurrent_pulls
 
 __all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
 
@@ -60,6 +61,14 @@ class GridChannel:
         Real seconds between pulls of the probe when nothing came in.
     sleep : callable
         How to wait (tests pass a no-op).
+
+    Notes
+    -----
+    Over Flower's HTTP Grid (a deployment) replies are pulled concurrently
+    (:mod:`server.reply_pulls`): a reply is delivered as soon as its own objects are in,
+    not after the uploads of the replies ahead of it, and :meth:`poll` never waits for
+    an upload. Any other Grid (the simulation's in-memory one) keeps its own
+    ``pull_messages``. :meth:`close` ends the pulls' threads.
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class GridChannel:
         self._task_of: dict[str, str] = {}
         """Message id -> task id, for every message whose reply is still awaited."""
         self._pushed_at: dict[str, float] = {}
+        self._pulls = concurrent_pulls(grid)
 
     # --- nodes --------------------------------------------------------------------------------
     def node_ids(self) -> list[int]:
@@ -149,26 +159,33 @@ class GridChannel:
         """Pull the replies that are in (never blocks); one delivery per answered task."""
         if not self._task_of:
             return []
+        if self._pulls is None:
+            pulled = [
+                PulledReply(reply.metadata.reply_to_message_id, reply)
+                for reply in self.grid.pull_messages(list(self._task_of))
+            ]
+        else:
+            pulled = self._pulls.pull(list(self._task_of))
         deliveries = []
-        for reply in self.grid.pull_messages(list(self._task_of)):
-            message_id = reply.metadata.reply_to_message_id
-            task_id = self._task_of.pop(message_id, None)
-            self._pushed_at.pop(message_id, None)
+        for reply in pulled:
+            task_id = self._task_of.pop(reply.message_id, None)
+            self._pushed_at.pop(reply.message_id, None)
             if task_id is None:
                 continue  # a reply we stopped waiting for (TTL guard) or a duplicate
-            if reply.has_error():
-                code = int(reply.error.code)
-                name = ERROR_NAMES.get(code, "error")
-                error = f"{name} (code {code}): {reply.error.reason or ''}".strip()
-                deliveries.append(Delivery(task_id, error=error))
-            else:
-                deliveries.append(Delivery(task_id, reply=TrainReply.from_record(reply.content)))
+            deliveries.append(_delivery(task_id, reply))
         return deliveries
 
     def overdue(self) -> list[Delivery]:
-        """Stop waiting for replies well past their TTL (Flower should have said so)."""
+        """Stop waiting for replies well past their TTL (Flower should have said so).
+
+        That includes a reply the SuperLink has handed out whose objects are still being
+        pulled (a node that died mid-upload would hold its pull for Flower's 2 h limit):
+        the pull is stopped, and a reply that completes anyway is ignored.
+        """
         now = time.monotonic()
         late = [m for m, at in self._pushed_at.items() if now - at > self.task_ttl + TTL_GRACE_S]
+        if self._pulls is not None:
+            self._pulls.forget(late)
         deliveries = []
         for message_id in late:
             del self._pushed_at[message_id]
@@ -177,3 +194,25 @@ class GridChannel:
                 Delivery(task_id, error="ttl-expired: no reply from Flower past the TTL")
             )
         return deliveries
+
+    def close(self) -> None:
+        """End the reply pulls in flight and their threads (the run is over)."""
+        if self._pulls is not None:
+            self._pulls.close()
+
+
+def _delivery(task_id: str, pulled: PulledReply) -> Delivery:
+    """The delivery of one pulled reply: its record, or its error by :data:`ERROR_NAMES`."""
+    reply = pulled.message
+    if reply is None:
+        if not pulled.code:
+            return Delivery(task_id, error=f"pull-failed: {pulled.reason}")
+        return Delivery(task_id, error=_error(pulled.code, pulled.reason))
+    if reply.has_error():
+        return Delivery(task_id, error=_error(int(reply.error.code), reply.error.reason))
+    return Delivery(task_id, reply=TrainReply.from_record(reply.content))
+
+
+def _error(code: int, reason: str | None) -> str:
+    name = ERROR_NAMES.get(code, "error")
+    return f"{name} (code {code}): {reason or ''}".strip()

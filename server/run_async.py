@@ -128,7 +128,10 @@ def run_async(
         resume=resume,
         checkpoint_fn=checkpoint_fn,
     )
-    result = run.run()
+    try:
+        result = run.run()
+    finally:
+        channel.close()  # no reply pull outlives the run
     return AsyncResult(result, engine, run.journal.checkpoint())
 
 

@@ -1,0 +1,277 @@
+"""Pull the replies of Flower's HTTP Grid concurrently, each as soon as its objects are in.
+
+Flower 1.39's ``HttpGrid.pull_messages`` asks the SuperLink once for the replies that are
+in (``PullMessages``), then, one reply after another, pulls the reply's objects
+(retrying while its node is still uploading them), confirms it and inflates it: a
+reply whose upload takes 10 s holds back every reply behind it, and the call blocks for
+the whole upload.
+
+What the SuperLink does makes a split safe: ``PullMessages`` hands each reply out once
+(it marks the reply delivered and deletes the task and the reply from its state; asking
+again for the same id is answered with a "message unavailable" error), while the reply's
+objects stay in its object store until ``ConfirmMessageReceived`` deletes them. So
+:class:`ReplyPulls` asks ``PullMessages`` on the caller's thread, for the awaited ids
+whose reply it does not already hold, and hands each reply it gets to a small thread
+pool that pulls the objects, confirms and inflates; :meth:`ReplyPulls.pull` returns the
+replies whose pulls have finished and never waits for one that has not.
+
+It reads one private name of Flower's, ``HttpGrid._runtime_client`` (the Runtime API
+client the grid itself uses; its HTTP client is safe to share between threads), and
+:func:`concurrent_pulls` checks the layout first: any other Grid, or another Flower
+layout, keeps the Grid's own ``pull_messages``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any, Final
+
+from flwr.app import Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+__all__ = ["DEFAULT_WORKERS", "PulledReply", "ReplyPulls", "concurrent_pulls"]
+
+DEFAULT_WORKERS: Final = 8
+"""Replies whose objects are pulled at the same time; more wait for a free worker. Each
+worker mostly waits on the network (a slow node's upload), so a few cost little."""
+
+MESSAGE_UNAVAILABLE: Final = 3
+"""Flower 1.39's ``ErrorCode.MESSAGE_UNAVAILABLE``: the code its own pull gives a reply
+whose objects never arrived (checked by :func:`concurrent_pulls`)."""
+
+
+_layout_logged = False
+
+
+@dataclass(frozen=True)
+class PulledReply:
+    """One reply, pulled: the message, or why it could not be.
+
+    Attributes
+    ----------
+    message_id : str
+        The id of the task message this reply answers.
+    message : flwr.app.Message or None
+        The inflated reply (it may carry Flower's error); ``None`` if the pull failed.
+    code : int
+        When ``message`` is ``None``: Flower's error code for the failure (``3``,
+        message unavailable, as Flower's own pull reports objects that never
+        arrived), or ``0`` for an unexpected error.
+    reason : str
+        When ``message`` is ``None``: what went wrong.
+    """
+
+    message_id: str
+    message: Message | None
+    code: int = 0
+    reason: str = ""
+
+
+class ReplyPulls:
+    """Replies of one Flower ``HttpGrid``, pulled on a thread pool (see the module doc).
+
+    Build it with :func:`concurrent_pulls`, which checks Flower's layout first.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        A Flower 1.39 ``HttpGrid`` with its run set.
+    workers : int
+        Replies pulled at the same time.
+    """
+
+    def __init__(self, grid: Grid, *, workers: int = DEFAULT_WORKERS) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+        from flwr.supercore.inflatable import inflatable_utils
+        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+        from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+            make_pull_object_fn_protobuf,
+        )
+
+        self._grid = grid
+        self._confirm_request = ConfirmMessageReceivedRequest
+        self._pull_request = PullAppMessagesRequest
+        self._utils = inflatable_utils
+        self._iterate_tree = iterate_object_tree
+        self._make_pull_fn = make_pull_object_fn_protobuf
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsync-pull")
+        self._pulling: dict[str, Future[PulledReply]] = {}
+        """Task message id -> the pull of its reply, until :meth:`pull` returns it."""
+        self._closed = threading.Event()
+        self._forgotten: set[str] = set()
+        """Task message ids whose pull :meth:`forget` stopped."""
+
+    @property
+    def pulling(self) -> frozenset[str]:
+        """Task message ids whose reply is in hand and not yet returned by :meth:`pull`."""
+        return frozenset(self._pulling)
+
+    def pull(self, message_ids: Iterable[str]) -> list[PulledReply]:
+        """Start pulling the replies that are in; return those whose pull finished.
+
+        Asks the SuperLink (one ``PullMessages``) for the ids in ``message_ids`` whose
+        reply is not already being pulled, and never waits for an upload.
+
+        Raises
+        ------
+        RuntimeError
+            If called after :meth:`close`.
+        """
+        if self._closed.is_set():
+            raise RuntimeError("ReplyPulls is closed")
+        wanted = [m for m in message_ids if m not in self._pulling]
+        if wanted:
+            client = self._client()
+            response = client.PullMessages(self._pull_request(message_ids=wanted))
+            for proto, tree in zip(
+                response.messages_list, response.message_object_trees, strict=True
+            ):
+                task_id = proto.metadata.reply_to_message_id
+                object_ids = [t.object_id for t in self._iterate_tree(tree)]
+                reply_id = proto.metadata.message_id
+                self._pulling[task_id] = self._pool.submit(
+                    self._pull_one, task_id, reply_id, object_ids
+                )
+        done = [m for m, future in self._pulling.items() if future.done()]
+        pulled = []
+        for message_id in done:
+            future = self._pulling.pop(message_id)
+            error = future.exception()
+            if error is None:
+                pulled.append(future.result())
+            else:  # the request failed, not the upload: the reply is gone all the same
+                reason = f"{type(error).__name__}: {error}"
+                pulled.append(PulledReply(message_id, None, code=0, reason=reason))
+        return pulled
+
+    def forget(self, message_ids: Iterable[str]) -> None:
+        """Stop pulling the replies to these task messages (the caller stopped waiting).
+
+        A pull in flight ends at its next try for an object; none of them is returned.
+        """
+        for message_id in message_ids:
+            future = self._pulling.pop(message_id, None)
+            if future is not None and not future.cancel() and not future.done():
+                self._forgotten.add(message_id)  # running: its next try stops it
+
+    def close(self) -> None:
+        """Stop every pull in flight and end the worker threads (waits for them)."""
+        self._closed.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pulling.clear()
+
+    # --- on a worker thread -------------------------------------------------------------------
+    def _client(self) -> Any:
+        return self._grid._runtime_client  # type: ignore[attr-defined]
+
+    def _pull_one(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
+        try:
+            return self._pull_and_inflate(task_id, reply_id, object_ids)
+        finally:
+            self._forgotten.discard(task_id)
+
+    def _pull_and_inflate(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
+        client = self._client()
+        fetch = self._make_pull_fn(
+            pull_object_protobuf=client.PullObject,
+            node=self._grid.node,  # type: ignore[attr-defined]
+            run_id=self._grid.run.run_id,
+        )
+        try:
+            contents = self._utils.pull_objects(
+                object_ids, pull_object_fn=self._unless_stopped(task_id, fetch)
+            )
+        except self._utils.ObjectPullError as err:
+            reason = (
+                "Reply message objects are unavailable. The sender may not have completed "
+                f"the upload before the object-push session expired. {err}"
+            )
+            return PulledReply(task_id, None, code=MESSAGE_UNAVAILABLE, reason=reason)
+        client.ConfirmMessageReceived(
+            self._confirm_request(
+                node=self._grid.node,  # type: ignore[attr-defined]
+                run_id=self._grid.run.run_id,
+                message_object_id=reply_id,
+            )
+        )
+        message = self._utils.inflate_object_from_contents(reply_id, contents)
+        if not isinstance(message, Message):
+            raise TypeError(f"reply {reply_id} inflated to {type(message).__name__}")
+        return PulledReply(task_id, message)
+
+    def _unless_stopped(
+        self, task_id: str, fetch: Callable[[str], bytes]
+    ) -> Callable[[str], bytes]:
+        def fetch_unless_stopped(object_id: str) -> bytes:
+            if self._closed.is_set() or task_id in self._forgotten:
+                raise self._utils.ObjectPullError(object_id, "no longer awaited")
+            return fetch(object_id)
+
+        return fetch_unless_stopped
+
+
+def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPulls | None:
+    """:class:`ReplyPulls` for Flower 1.39's HTTP Grid; ``None`` for any other Grid.
+
+    ``None`` too, with a one-time log line, when the Grid is Flower's HTTP Grid but
+    Flower's layout is not the one :class:`ReplyPulls` was written for: the caller then
+    keeps the Grid's own (one reply after another) ``pull_messages``.
+    """
+    try:
+        from flwr.superlink.grid.http_grid import HttpGrid
+    except ImportError:
+        _log_fallback("no flwr.superlink.grid.http_grid.HttpGrid")
+        return None
+    if not isinstance(grid, HttpGrid):
+        return None
+    why = _layout_problem(grid)
+    if why:
+        _log_fallback(why)
+        return None
+    return ReplyPulls(grid, workers=workers)
+
+
+def _layout_problem(grid: Grid) -> str:
+    """Why Flower's layout is not the expected one; ``""`` if it is."""
+    try:
+        from flwr.common.constant import ErrorCode
+        from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+        from flwr.supercore.inflatable import inflatable_utils
+        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+        from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+            make_pull_object_fn_protobuf,
+        )
+    except ImportError as err:
+        return f"import failed: {err}"
+    del ConfirmMessageReceivedRequest, PullAppMessagesRequest, iterate_object_tree
+    del make_pull_object_fn_protobuf
+    if getattr(ErrorCode, "MESSAGE_UNAVAILABLE", None) != MESSAGE_UNAVAILABLE:
+        return "ErrorCode.MESSAGE_UNAVAILABLE changed"
+    for name in ("pull_objects", "inflate_object_from_contents", "ObjectPullError"):
+        if not hasattr(inflatable_utils, name):
+            return f"no inflatable_utils.{name}"
+    if not isinstance(getattr(type(grid), "_runtime_client", None), property):
+        return "HttpGrid has no _runtime_client"
+    if not hasattr(grid, "node"):
+        return "HttpGrid has no node"
+    return ""
+
+
+def _log_fallback(why: str) -> None:
+    global _layout_logged
+    if not _layout_logged:
+        _layout_logged = True
+        log(
+            WARNING,
+            "[fedsync] replies are pulled one after another (Flower's layout: %s)",
+            why,
+        )
