@@ -8,9 +8,11 @@ asks too early gets "object unavailable", and Flower retries after 1 s, doubling
 10 s (``pull_objects`` and ``pull_and_inflate_object_from_tree``). On a slow link that
 overshoots the end of an upload by up to several seconds, and on loopback the first
 1 s was most of a warm task's overhead. :func:`shorten_object_pulls` makes the
-retries start at a process's poll interval and caps them at :data:`PULL_RETRY_CAP_S`:
-the warm executor (``clients.node_exec``), ``fedsync-node --supernode-poll`` and the
-ServerApp's reply channel (``server.channel``) call it.
+retries start at a process's poll interval and caps them: at :data:`LOCAL_PULL_RETRY_CAP_S`
+for a reader whose objects come from a process on its own host (the warm executor,
+``clients.node_exec``, from its SuperNode; the ServerApp's reply channel,
+``server.channel``, from the SuperLink that started it), at :data:`PULL_RETRY_CAP_S` for
+``fedsync-node --supernode-poll``, whose pulls cross the node's link.
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["PULL_RETRY_CAP_S", "shorten_object_pulls"]
+__all__ = ["LOCAL_PULL_RETRY_CAP_S", "PULL_RETRY_CAP_S", "shorten_object_pulls"]
 
 PULL_RETRY_CAP_S: Final = 0.5
-"""The longest wait between two pulls of an unavailable object (Flower's: 10 s). Each
-retry is one small local request, so a reader waiting out a 10 s upload makes about 20."""
+"""The longest wait between two pulls of an unavailable object (Flower's: 10 s), for a
+reader across a link: a SuperNode waiting out a 10 s upload makes about 20 small requests."""
+
+LOCAL_PULL_RETRY_CAP_S: Final = 0.1
+"""The same for a reader on the objects' own host, where a retry is one loopback request:
+the time between the end of an upload and the pull that finds it complete is at most
+this, and a 10 s upload costs about 100 requests."""
 
 
 def shorten_object_pulls(initial_backoff: float, cap: float = PULL_RETRY_CAP_S) -> bool:

@@ -18,7 +18,7 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedsync.object_pulls import shorten_object_pulls
+from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S, shorten_object_pulls
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from server.probe import probe_nodes
 from server.reply_pulls import PulledReply, concurrent_pulls
@@ -84,8 +84,10 @@ class GridChannel:
         self.poll_interval = poll_interval
         self.sleep = sleep
         # Flower announces a reply while its node is still uploading it, and would retry
-        # pulling its objects 1, 2, 4 ... 10 s apart (fedsync.object_pulls).
-        shorten_object_pulls(poll_interval)
+        # pulling its objects 1, 2, 4 ... 10 s apart. The SuperLink that started this
+        # process is on its host: retry from the poll interval, at most 0.1 s apart
+        # (fedsync.object_pulls).
+        shorten_object_pulls(poll_interval, cap=LOCAL_PULL_RETRY_CAP_S)
         self._task_of: dict[str, str] = {}
         """Message id -> task id, for every message whose reply is still awaited."""
         self._pushed_at: dict[str, float] = {}

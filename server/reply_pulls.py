@@ -27,9 +27,10 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from logging import WARNING
+from logging import ERROR, WARNING
 from typing import Any, Final
 
+import httpx
 from flwr.app import Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -130,9 +131,18 @@ class ReplyPulls:
         wanted = [m for m in message_ids if m not in self._pulling]
         if wanted:
             client = self._client()
-            response = client.PullMessages(self._pull_request(message_ids=wanted))
+            try:
+                response = client.PullMessages(self._pull_request(message_ids=wanted))
+            except httpx.HTTPStatusError as err:
+                # As Flower's own pull: a response too large to take is logged, not raised.
+                if err.response.status_code != httpx.codes.REQUEST_ENTITY_TOO_LARGE:
+                    raise
+                log(ERROR, "[fedsync] PullMessages for %d replies: %s", len(wanted), err)
+                response = None
             for proto, tree in zip(
-                response.messages_list, response.message_object_trees, strict=True
+                response.messages_list if response else [],
+                response.message_object_trees if response else [],
+                strict=True,
             ):
                 task_id = proto.metadata.reply_to_message_id
                 object_ids = [t.object_id for t in self._iterate_tree(tree)]
@@ -205,6 +215,7 @@ class ReplyPulls:
         message = self._utils.inflate_object_from_contents(reply_id, contents)
         if not isinstance(message, Message):
             raise TypeError(f"reply {reply_id} inflated to {type(message).__name__}")
+        message.metadata.__dict__["_message_id"] = reply_id  # as Flower's own pull sets it
         return PulledReply(task_id, message)
 
     def _unless_stopped(

@@ -352,11 +352,11 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
         runtime,
         f"{poll} (poll_wait, part of outside_polling_and_pull); the virtual clock has no polling",
         "the server takes a reply late (server_pull_lag, the rest of "
-        "outside_polling_and_pull): Flower 1.39's ServerApp pulls a reply's objects as soon "
-        "as the reply is announced, while the node is still uploading them, retrying with "
-        "a backoff of 1, 2, 4 ... 10 s; a slow uplink's upload holds the server's pull, and "
-        "replies of faster nodes that finish meanwhile wait behind it (with their next "
-        "task). The virtual clock takes every reply the moment its upload ends",
+        "outside_polling_and_pull): Flower announces a reply while its node is still "
+        "uploading it, and the ServerApp pulls its objects until they are all in, retrying "
+        "from its 0.05 s poll, at most 0.1 s apart (fedsync.object_pulls); replies are "
+        "pulled concurrently (server.reply_pulls), so no reply waits behind another's "
+        "upload. The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "
         "start-up stretch when tasks overlap; the fleet has one speed per device",
         "every node first downloads the app bundle (fab_bytes) over its link: with the "

@@ -71,3 +71,10 @@ def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatc
         return b"content"
 
     assert inflatable_utils.pull_objects(["obj"], pull) == {"obj": b"content"}
+    # a reader on the objects' own host (ServerApp, warm executor) retries at most 0.1 s apart
+    from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S
+
+    assert shorten_object_pulls(0.05, cap=LOCAL_PULL_RETRY_CAP_S)
+    for function in functions:
+        assert function.__kwdefaults__["backoff_cap"] == LOCAL_PULL_RETRY_CAP_S == 0.1
+        assert function.__kwdefaults__["max_tries_per_object"] * LOCAL_PULL_RETRY_CAP_S > 7200
