@@ -107,3 +107,13 @@ def _flower_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     # Ray inside the simulation must not see the test runner's thread settings.
     os.environ.pop("OMP_NUM_THREADS", None)
+
+
+@pytest.fixture
+def namespaces_allowed() -> None:
+    """Skip a test that needs network namespaces (root, ``ip netns``) where there are none."""
+    from fedsync.deploy.netns import netns_unavailable_reason
+
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(f"needs network namespaces: {reason}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.deploy.links import run_over_links
-from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
+from fedsync.deploy.netns import LinkShape
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -31,14 +31,7 @@ up the announced reply at its next poll, and an arrival just before the upload's
 proves nothing."""
 
 
-@pytest.fixture
-def _namespaces_allowed() -> None:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(f"shaped links need network namespaces: {reason}")
-
-
-@pytest.mark.usefixtures("_namespaces_allowed")
+@pytest.mark.usefixtures("namespaces_allowed")
 def test_fast_reply_arrives_during_a_slow_upload(tmp_path: Path, project_root: Path) -> None:
     run = run_over_links(
         tmp_path,

@@ -26,7 +26,6 @@ import pytest
 from cryptography import x509
 
 from fedsync.deploy import LocalDeployment, ShapedNetwork
-from fedsync.deploy.netns import netns_unavailable_reason
 from fedsync.deploy.proctree import alive, cmdline
 from fedsync.reports import read_events
 
@@ -35,13 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(360
 NODES = 3
 # Apart from the shaped-links test's range: both may run at the same time.
 SUBNET = "10.217.0.0/24"
-
-
-@pytest.fixture
-def _namespaces_allowed() -> None:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(f"SuperNodes in separate namespaces need network namespaces: {reason}")
 
 
 def _net_namespace(pid: int) -> str:
@@ -84,7 +76,7 @@ def _san_addresses(cert_path: Path) -> set[str]:
     return {str(a) for a in san.get_values_for_type(x509.IPAddress)}
 
 
-@pytest.mark.usefixtures("_namespaces_allowed")
+@pytest.mark.usefixtures("namespaces_allowed")
 def test_supernodes_in_own_namespaces_over_tls_with_node_auth(
     tmp_path: Path, project_root: Path
 ) -> None:

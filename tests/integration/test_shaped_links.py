@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.deploy.links import run_over_links
-from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
+from fedsync.deploy.netns import LinkShape
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -27,14 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 RATES_MBIT = (1.0, 5.0, 20.0)
 
 
-@pytest.fixture
-def _namespaces_allowed() -> None:
-    reason = netns_unavailable_reason()
-    if reason:
-        pytest.skip(f"shaped links need network namespaces: {reason}")
-
-
-@pytest.mark.usefixtures("_namespaces_allowed")
+@pytest.mark.usefixtures("namespaces_allowed")
 @pytest.mark.parametrize("nodes", ["stock", "warm"])
 def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path, nodes: str) -> None:
     run = run_over_links(
