@@ -90,7 +90,7 @@ class ReplyPulls:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-        from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
         from flwr.supercore.inflatable import inflatable_utils
         from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
         from flwr.supercore.inflatable.inflatable_protobuf_utils import (
@@ -100,6 +100,7 @@ class ReplyPulls:
         self._grid = grid
         self._confirm_request = ConfirmMessageReceivedRequest
         self._pull_request = PullAppMessagesRequest
+        self._pull_response = PullAppMessagesResponse
         self._utils = inflatable_utils
         self._iterate_tree = iterate_object_tree
         self._make_pull_fn = make_pull_object_fn_protobuf
@@ -138,11 +139,9 @@ class ReplyPulls:
                 if err.response.status_code != httpx.codes.REQUEST_ENTITY_TOO_LARGE:
                     raise
                 log(ERROR, "[fedsync] PullMessages for %d replies: %s", len(wanted), err)
-                response = None
+                response = self._pull_response()
             for proto, tree in zip(
-                response.messages_list if response else [],
-                response.message_object_trees if response else [],
-                strict=True,
+                response.messages_list, response.message_object_trees, strict=True
             ):
                 task_id = proto.metadata.reply_to_message_id
                 object_ids = [t.object_id for t in self._iterate_tree(tree)]
@@ -255,7 +254,7 @@ def _layout_problem(grid: Grid) -> str:
     try:
         from flwr.common.constant import ErrorCode
         from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-        from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
         from flwr.supercore.inflatable import inflatable_utils
         from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
         from flwr.supercore.inflatable.inflatable_protobuf_utils import (
@@ -263,8 +262,8 @@ def _layout_problem(grid: Grid) -> str:
         )
     except ImportError as err:
         return f"import failed: {err}"
-    del ConfirmMessageReceivedRequest, PullAppMessagesRequest, iterate_object_tree
-    del make_pull_object_fn_protobuf
+    del ConfirmMessageReceivedRequest, PullAppMessagesRequest, PullAppMessagesResponse
+    del iterate_object_tree, make_pull_object_fn_protobuf
     if getattr(ErrorCode, "MESSAGE_UNAVAILABLE", None) != MESSAGE_UNAVAILABLE:
         return "ErrorCode.MESSAGE_UNAVAILABLE changed"
     for name in ("pull_objects", "inflate_object_from_contents", "ObjectPullError"):

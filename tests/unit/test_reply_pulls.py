@@ -57,3 +57,29 @@ def test_an_unexpected_layout_falls_back_with_one_log_line(
 def test_workers_must_be_positive() -> None:
     with pytest.raises(ValueError, match="workers"):
         ReplyPulls(HttpGrid("127.0.0.1:9", insecure=True, token="t"), workers=0)
+
+
+def test_a_too_large_pull_response_is_logged_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Flower's own pull: HTTP 413 on ``PullMessages`` is logged and nothing is pulled;
+    any other HTTP error is the caller's."""
+    import httpx
+
+    status = {"code": 413}
+
+    class Client:
+        def PullMessages(self, request: object) -> None:
+            response = httpx.Response(status["code"], request=httpx.Request("POST", "http://x"))
+            raise httpx.HTTPStatusError("refused", request=response.request, response=response)
+
+    lines: list[str] = []
+    monkeypatch.setattr(reply_pulls, "log", lambda level, text, *args: lines.append(text % args))
+    monkeypatch.setattr(HttpGrid, "_runtime_client", property(lambda self: Client()))
+    pulls = ReplyPulls(HttpGrid("127.0.0.1:9", insecure=True, token="t"))
+    try:
+        assert pulls.pull(["m1", "m2"]) == [] and pulls.pulling == frozenset()
+        assert len(lines) == 1 and "2 replies" in lines[0]
+        status["code"] = 500
+        with pytest.raises(httpx.HTTPStatusError):
+            pulls.pull(["m1"])
+    finally:
+        pulls.close()
