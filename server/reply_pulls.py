@@ -35,6 +35,19 @@ from flwr.app import Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+try:  # Flower 1.39's layout; concurrent_pulls falls back without it
+    from flwr.common.constant import ErrorCode
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+    from flwr.superlink.grid.http_grid import HttpGrid
+except ImportError as _err:
+    _IMPORT_PROBLEM = f"import failed: {_err}"
+else:
+    _IMPORT_PROBLEM = ""
+
 __all__ = ["DEFAULT_WORKERS", "PulledReply", "ReplyPulls", "concurrent_pulls"]
 
 DEFAULT_WORKERS: Final = 8
@@ -89,21 +102,7 @@ class ReplyPulls:
     def __init__(self, grid: Grid, *, workers: int = DEFAULT_WORKERS) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
-        from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
-        from flwr.supercore.inflatable import inflatable_utils
-        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
-        from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-            make_pull_object_fn_protobuf,
-        )
-
         self._grid = grid
-        self._confirm_request = ConfirmMessageReceivedRequest
-        self._pull_request = PullAppMessagesRequest
-        self._pull_response = PullAppMessagesResponse
-        self._utils = inflatable_utils
-        self._iterate_tree = iterate_object_tree
-        self._make_pull_fn = make_pull_object_fn_protobuf
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedsync-pull")
         self._pulling: dict[str, Future[PulledReply]] = {}
         """Task message id -> the pull of its reply, until :meth:`pull` returns it."""
@@ -133,18 +132,18 @@ class ReplyPulls:
         if wanted:
             client = self._client()
             try:
-                response = client.PullMessages(self._pull_request(message_ids=wanted))
+                response = client.PullMessages(PullAppMessagesRequest(message_ids=wanted))
             except httpx.HTTPStatusError as err:
                 # As Flower's own pull: a response too large to take is logged, not raised.
                 if err.response.status_code != httpx.codes.REQUEST_ENTITY_TOO_LARGE:
                     raise
                 log(ERROR, "[fedsync] PullMessages for %d replies: %s", len(wanted), err)
-                response = self._pull_response()
+                response = PullAppMessagesResponse()
             for proto, tree in zip(
                 response.messages_list, response.message_object_trees, strict=True
             ):
                 task_id = proto.metadata.reply_to_message_id
-                object_ids = [t.object_id for t in self._iterate_tree(tree)]
+                object_ids = [t.object_id for t in iterate_object_tree(tree)]
                 reply_id = proto.metadata.message_id
                 self._pulling[task_id] = self._pool.submit(
                     self._pull_one, task_id, reply_id, object_ids
@@ -189,29 +188,29 @@ class ReplyPulls:
 
     def _pull_and_inflate(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
         client = self._client()
-        fetch = self._make_pull_fn(
+        fetch = make_pull_object_fn_protobuf(
             pull_object_protobuf=client.PullObject,
             node=self._grid.node,  # type: ignore[attr-defined]
             run_id=self._grid.run.run_id,
         )
         try:
-            contents = self._utils.pull_objects(
+            contents = inflatable_utils.pull_objects(
                 object_ids, pull_object_fn=self._unless_stopped(task_id, fetch)
             )
-        except self._utils.ObjectPullError as err:
+        except inflatable_utils.ObjectPullError as err:
             reason = (
                 "Reply message objects are unavailable. The sender may not have completed "
                 f"the upload before the object-push session expired. {err}"
             )
             return PulledReply(task_id, None, code=MESSAGE_UNAVAILABLE, reason=reason)
         client.ConfirmMessageReceived(
-            self._confirm_request(
+            ConfirmMessageReceivedRequest(
                 node=self._grid.node,  # type: ignore[attr-defined]
                 run_id=self._grid.run.run_id,
                 message_object_id=reply_id,
             )
         )
-        message = self._utils.inflate_object_from_contents(reply_id, contents)
+        message = inflatable_utils.inflate_object_from_contents(reply_id, contents)
         if not isinstance(message, Message):
             raise TypeError(f"reply {reply_id} inflated to {type(message).__name__}")
         message.metadata.__dict__["_message_id"] = reply_id  # as Flower's own pull sets it
@@ -222,7 +221,7 @@ class ReplyPulls:
     ) -> Callable[[str], bytes]:
         def fetch_unless_stopped(object_id: str) -> bytes:
             if self._closed.is_set() or task_id in self._forgotten:
-                raise self._utils.ObjectPullError(object_id, "no longer awaited")
+                raise inflatable_utils.ObjectPullError(object_id, "no longer awaited")
             return fetch(object_id)
 
         return fetch_unless_stopped
@@ -235,10 +234,8 @@ def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPull
     Flower's layout is not the one :class:`ReplyPulls` was written for: the caller then
     keeps the Grid's own (one reply after another) ``pull_messages``.
     """
-    try:
-        from flwr.superlink.grid.http_grid import HttpGrid
-    except ImportError:
-        _log_fallback("no flwr.superlink.grid.http_grid.HttpGrid")
+    if _IMPORT_PROBLEM:
+        _log_fallback(_IMPORT_PROBLEM)
         return None
     if not isinstance(grid, HttpGrid):
         return None
@@ -251,19 +248,6 @@ def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPull
 
 def _layout_problem(grid: Grid) -> str:
     """Why Flower's layout is not the expected one; ``""`` if it is."""
-    try:
-        from flwr.common.constant import ErrorCode
-        from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-        from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
-        from flwr.supercore.inflatable import inflatable_utils
-        from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
-        from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-            make_pull_object_fn_protobuf,
-        )
-    except ImportError as err:
-        return f"import failed: {err}"
-    del ConfirmMessageReceivedRequest, PullAppMessagesRequest, PullAppMessagesResponse
-    del iterate_object_tree, make_pull_object_fn_protobuf
     if getattr(ErrorCode, "MESSAGE_UNAVAILABLE", None) != MESSAGE_UNAVAILABLE:
         return "ErrorCode.MESSAGE_UNAVAILABLE changed"
     for name in ("pull_objects", "inflate_object_from_contents", "ObjectPullError"):
