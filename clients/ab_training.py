@@ -22,7 +22,7 @@ from torch.func import functional_call
 
 from fedsync.codec import UpdateCodec
 from fedsync.config import CompressionSection
-from fedsync.factored import FactorShape, Side, factor_shapes, frozen_specs
+from fedsync.factored import FactorShape, Side, factor_shapes, frozen_specs, other
 from fedsync.updates import TensorSpec, densify
 
 __all__ = ["FactorTaskError", "FactoredModel", "decode_frozen"]
@@ -60,8 +60,7 @@ def decode_frozen(
     trained: Side = "A" if side == "A" else "B"
     shapes = factor_shapes(specs, compression.ab_rank, compression.ab_min_rate)
     expected = frozen_specs(shapes, trained)
-    frozen = densify(UpdateCodec().decode(payload, expected))
-    return trained, shapes, {name: t.to(torch.float32) for name, t in frozen.items()}
+    return trained, shapes, densify(UpdateCodec().decode(payload, expected))
 
 
 class FactoredModel(nn.Module):
@@ -97,29 +96,30 @@ class FactoredModel(nn.Module):
         self.side = side
         self.names = list(shapes)
         parameters = dict(model.named_parameters())
+        self._weights: list[nn.Parameter] = []
+        """The factored weights ``W_v``, in :attr:`names` order (``to()`` keeps them)."""
         self.deltas = nn.ParameterList()
         for index, name in enumerate(self.names):
             weight = parameters.get(name)
             if weight is None:
                 raise FactorTaskError(f"factored tensor {name!r} is not a parameter of the model")
             shape = shapes[name]
-            want = shape.factor("B" if side == "A" else "A").shape
+            want = shape.factor(other(side)).shape
             if tuple(frozen[name].shape) != want:
                 raise FactorTaskError(
                     f"tensor {name!r}: frozen factor {tuple(frozen[name].shape)} != {want}"
                 )
             weight.requires_grad_(False)  # W_v stays; its change is the factor's product
+            self._weights.append(weight)
             self.deltas.append(nn.Parameter(torch.zeros(shape.factor(side).shape)))
-            self.register_buffer(f"frozen_{index}", frozen[name].clone())
+            self.register_buffer(f"frozen_{index}", frozen[name])
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The factored weights as training sees them: ``W_v + dA B`` or ``W_v + A dB``."""
-        parameters = dict(self.model.named_parameters())
         weights: dict[str, torch.Tensor] = {}
-        for index, name in enumerate(self.names):
+        for index, (name, weight) in enumerate(zip(self.names, self._weights, strict=True)):
             delta, frozen = self.deltas[index], self.get_buffer(f"frozen_{index}")
             product = delta @ frozen if self.side == "A" else frozen @ delta
-            weight = parameters[name]
             weights[name] = weight + product.reshape(weight.shape)
         return weights
 

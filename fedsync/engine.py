@@ -399,7 +399,7 @@ class AggregationEngine:
 
     def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | str:
         # An AB-Training reply holds factor deltas: its schema is its side's.
-        expected = self.ab.schema(plan.task_id) if self.ab and plan.ab_side else self.specs
+        expected = self.ab.schema(plan.task_id) if self.ab is not None else self.specs
         try:
             update = self._codec(plan.uplink_spec).decode(payload, expected, device=self.device)
         except Exception as err:  # any failure to decode is the payload's fault here
@@ -408,7 +408,7 @@ class AggregationEngine:
             validate_update(update, expected)
         except InvalidUpdate as err:
             return f"invalid update: {err}"
-        if self.ab is not None and plan.ab_side:
+        if self.ab is not None:
             return self.ab.rebuild(plan.task_id, update)
         return dict(update)
 

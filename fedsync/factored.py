@@ -41,14 +41,13 @@ from typing import Final, Literal
 
 import torch
 
-from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, factored_rank, matrix_dims
+from fedsync.updates import LowRankTensor, TensorSpec, factored_rank, matrix_dims
 
 __all__ = [
     "SCHEDULES",
     "SIDES",
     "FactorShape",
     "Side",
-    "dense_factor",
     "factor_shapes",
     "frozen_specs",
     "other",
@@ -177,11 +176,3 @@ def rebuild(
     else:
         p, q = frozen, delta.T
     return LowRankTensor(shape.spec, p.contiguous(), q.contiguous())
-
-
-def dense_factor(tensor: SparseTensor | torch.Tensor) -> torch.Tensor:
-    """A decoded factor delta as its dense float32 matrix (a sparsifier may have sent
-    only some of its entries)."""
-    if isinstance(tensor, SparseTensor):
-        return tensor.to_dense().to(torch.float32)
-    return tensor.to(torch.float32)

@@ -23,7 +23,6 @@ from fedsync.factored import (
     SIDES,
     FactorShape,
     Side,
-    dense_factor,
     factor_shapes,
     frozen_specs,
     other,
@@ -41,7 +40,6 @@ class _Epoch:
     """The factors of one split: what each side's tasks receive and rebuild with."""
 
     number: int
-    version: int
     payload: dict[Side, bytes] = field(default_factory=dict)
     """The frozen-factor frame a task of each side carries."""
     frozen: dict[Side, dict[str, torch.Tensor]] = field(default_factory=dict)
@@ -92,7 +90,6 @@ class ABTraining:
                 f"(shapes: {sorted({s.shape for s in specs.values()})[:6]})"
             )
         self.rank = rank
-        self.min_rate = min_rate
         self.schedule = schedule
         self.refactor_every = refactor_every
         self.uplink: dict[Side, dict[str, TensorSpec]] = {
@@ -140,7 +137,7 @@ class ABTraining:
         number = version // self.refactor_every
         if self._epoch is not None and self._epoch.number == number:
             return self._epoch
-        epoch = _Epoch(number=number, version=version)
+        epoch = _Epoch(number=number)
         factors: dict[Side, dict[str, torch.Tensor]] = {"A": {}, "B": {}}
         for name, shape in self.shapes.items():
             factors["A"][name], factors["B"][name] = split(model[name], shape)
@@ -148,9 +145,10 @@ class ABTraining:
             frozen = other(side)
             codec = self._codecs[side]
             payload = codec.encode(factors[frozen])
-            decoded = densify(codec.decode(payload, self._frozen_specs[side], device=self.device))
             epoch.payload[side] = payload
-            epoch.frozen[side] = {name: t.to(torch.float32) for name, t in decoded.items()}
+            epoch.frozen[side] = densify(
+                codec.decode(payload, self._frozen_specs[side], device=self.device)
+            )
         self._epoch = epoch
         self.splits += 1
         return epoch
@@ -183,7 +181,7 @@ class ABTraining:
             if shape is None:
                 rebuilt[name] = tensor
                 continue
-            delta = dense_factor(tensor)
+            delta = tensor.to_dense()
             rebuilt[name] = rebuild(delta, frozen[name].to(delta.device), shape, side)
         return rebuilt
 
