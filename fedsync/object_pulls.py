@@ -11,7 +11,7 @@ overshoots the end of an upload by up to several seconds, and on loopback the fi
 retries start at a process's poll interval and caps them: at :data:`LOCAL_PULL_RETRY_CAP_S`
 for a reader whose objects come from a process on its own host (the warm executor,
 ``clients.node_exec``, from its SuperNode; the ServerApp's reply channel,
-``server.channel``, from the SuperLink that started it), at :data:`PULL_RETRY_CAP_S` for
+``server.reply_pulls``, from the SuperLink that started it), at :data:`PULL_RETRY_CAP_S` for
 ``fedsync-node --supernode-poll``, whose pulls cross the node's link.
 """
 

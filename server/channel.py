@@ -18,10 +18,9 @@ from flwr.app import Message, MessageType
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S, shorten_object_pulls
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from server.probe import probe_nodes
-from server.reply_pulls import PulledReply, concurrent_pulls
+from server.reply_pulls import PulledReply, ReplyPulls, SerialPulls, concurrent_pulls
 
 __all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
 
@@ -68,7 +67,8 @@ class GridChannel:
     (:mod:`server.reply_pulls`): a reply is delivered as soon as its own objects are in,
     not after the uploads of the replies ahead of it, and :meth:`poll` never waits for
     an upload. Any other Grid (the simulation's in-memory one) keeps its own
-    ``pull_messages``. :meth:`close` ends the pulls' threads.
+    ``pull_messages`` (:class:`~server.reply_pulls.SerialPulls`). :meth:`close` ends the
+    pulls' threads.
     """
 
     def __init__(
@@ -83,15 +83,12 @@ class GridChannel:
         self.task_ttl = task_ttl
         self.poll_interval = poll_interval
         self.sleep = sleep
-        # Flower announces a reply while its node is still uploading it, and would retry
-        # pulling its objects 1, 2, 4 ... 10 s apart. The SuperLink that started this
-        # process is on its host: retry from the poll interval, at most 0.1 s apart
-        # (fedsync.object_pulls).
-        shorten_object_pulls(poll_interval, cap=LOCAL_PULL_RETRY_CAP_S)
         self._task_of: dict[str, str] = {}
         """Message id -> task id, for every message whose reply is still awaited."""
         self._pushed_at: dict[str, float] = {}
-        self._pulls = concurrent_pulls(grid)
+        self._pulls: ReplyPulls | SerialPulls = concurrent_pulls(
+            grid, retry_from=poll_interval
+        ) or SerialPulls(grid)
 
     # --- nodes --------------------------------------------------------------------------------
     def node_ids(self) -> list[int]:
@@ -161,15 +158,8 @@ class GridChannel:
         """Pull the replies that are in (never blocks); one delivery per answered task."""
         if not self._task_of:
             return []
-        if self._pulls is None:
-            pulled = [
-                PulledReply(reply.metadata.reply_to_message_id, reply)
-                for reply in self.grid.pull_messages(list(self._task_of))
-            ]
-        else:
-            pulled = self._pulls.pull(list(self._task_of))
         deliveries = []
-        for reply in pulled:
+        for reply in self._pulls.pull(list(self._task_of)):
             task_id = self._task_of.pop(reply.message_id, None)
             self._pushed_at.pop(reply.message_id, None)
             if task_id is None:
@@ -186,8 +176,7 @@ class GridChannel:
         """
         now = time.monotonic()
         late = [m for m, at in self._pushed_at.items() if now - at > self.task_ttl + TTL_GRACE_S]
-        if self._pulls is not None:
-            self._pulls.forget(late)
+        self._pulls.forget(late)
         deliveries = []
         for message_id in late:
             del self._pushed_at[message_id]
@@ -199,8 +188,7 @@ class GridChannel:
 
     def close(self) -> None:
         """End the reply pulls in flight and their threads (the run is over)."""
-        if self._pulls is not None:
-            self._pulls.close()
+        self._pulls.close()
 
 
 def _delivery(task_id: str, pulled: PulledReply) -> Delivery:

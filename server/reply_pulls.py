@@ -35,6 +35,8 @@ from flwr.app import Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S, shorten_object_pulls
+
 try:  # Flower 1.39's layout; concurrent_pulls falls back without it
     from flwr.common.constant import ErrorCode
     from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
@@ -48,16 +50,11 @@ except ImportError as _err:
 else:
     _IMPORT_PROBLEM = ""
 
-__all__ = ["DEFAULT_WORKERS", "PulledReply", "ReplyPulls", "concurrent_pulls"]
+__all__ = ["DEFAULT_WORKERS", "PulledReply", "ReplyPulls", "SerialPulls", "concurrent_pulls"]
 
 DEFAULT_WORKERS: Final = 8
 """Replies whose objects are pulled at the same time; more wait for a free worker. Each
 worker mostly waits on the network (a slow node's upload), so a few cost little."""
-
-MESSAGE_UNAVAILABLE: Final = 3
-"""Flower 1.39's ``ErrorCode.MESSAGE_UNAVAILABLE``: the code its own pull gives a reply
-whose objects never arrived (checked by :func:`concurrent_pulls`)."""
-
 
 _layout_logged = False
 
@@ -84,6 +81,27 @@ class PulledReply:
     message: Message | None
     code: int = 0
     reason: str = ""
+
+
+class SerialPulls:
+    """A Grid's own ``pull_messages``, one reply after another, behind the interface of
+    :class:`ReplyPulls` (the simulation's in-memory Grid, or an unknown Flower layout)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+
+    def pull(self, message_ids: Iterable[str]) -> list[PulledReply]:
+        """The replies that are in, pulled by the Grid."""
+        return [
+            PulledReply(reply.metadata.reply_to_message_id, reply)
+            for reply in self._grid.pull_messages(list(message_ids))
+        ]
+
+    def forget(self, message_ids: Iterable[str]) -> None:
+        """Nothing is in flight between two :meth:`pull` calls."""
+
+    def close(self) -> None:
+        """Nothing to end."""
 
 
 class ReplyPulls:
@@ -187,11 +205,9 @@ class ReplyPulls:
             self._forgotten.discard(task_id)
 
     def _pull_and_inflate(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
-        client = self._client()
+        client, node, run_id = self._client(), self._grid.node, self._grid.run.run_id  # type: ignore[attr-defined]
         fetch = make_pull_object_fn_protobuf(
-            pull_object_protobuf=client.PullObject,
-            node=self._grid.node,  # type: ignore[attr-defined]
-            run_id=self._grid.run.run_id,
+            pull_object_protobuf=client.PullObject, node=node, run_id=run_id
         )
         try:
             contents = inflatable_utils.pull_objects(
@@ -202,13 +218,9 @@ class ReplyPulls:
                 "Reply message objects are unavailable. The sender may not have completed "
                 f"the upload before the object-push session expired. {err}"
             )
-            return PulledReply(task_id, None, code=MESSAGE_UNAVAILABLE, reason=reason)
+            return PulledReply(task_id, None, code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason)
         client.ConfirmMessageReceived(
-            ConfirmMessageReceivedRequest(
-                node=self._grid.node,  # type: ignore[attr-defined]
-                run_id=self._grid.run.run_id,
-                message_object_id=reply_id,
-            )
+            ConfirmMessageReceivedRequest(node=node, run_id=run_id, message_object_id=reply_id)
         )
         message = inflatable_utils.inflate_object_from_contents(reply_id, contents)
         if not isinstance(message, Message):
@@ -227,18 +239,27 @@ class ReplyPulls:
         return fetch_unless_stopped
 
 
-def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPulls | None:
+def concurrent_pulls(
+    grid: Grid, *, retry_from: float = 0.05, workers: int = DEFAULT_WORKERS
+) -> ReplyPulls | None:
     """:class:`ReplyPulls` for Flower 1.39's HTTP Grid; ``None`` for any other Grid.
 
     ``None`` too, with a one-time log line, when the Grid is Flower's HTTP Grid but
     Flower's layout is not the one :class:`ReplyPulls` was written for: the caller then
     keeps the Grid's own (one reply after another) ``pull_messages``.
+
+    On the HTTP Grid either way, the object pulls of this process retry from
+    ``retry_from`` seconds, at most :data:`~fedsync.object_pulls.LOCAL_PULL_RETRY_CAP_S`
+    apart: Flower announces a reply while its node is still uploading it and would
+    retry 1, 2, 4 ... 10 s apart, and the SuperLink that started the ServerApp is on
+    its host.
     """
     if _IMPORT_PROBLEM:
         _log_fallback(_IMPORT_PROBLEM)
         return None
     if not isinstance(grid, HttpGrid):
         return None
+    shorten_object_pulls(retry_from, cap=LOCAL_PULL_RETRY_CAP_S)
     why = _layout_problem(grid)
     if why:
         _log_fallback(why)
@@ -248,8 +269,8 @@ def concurrent_pulls(grid: Grid, *, workers: int = DEFAULT_WORKERS) -> ReplyPull
 
 def _layout_problem(grid: Grid) -> str:
     """Why Flower's layout is not the expected one; ``""`` if it is."""
-    if getattr(ErrorCode, "MESSAGE_UNAVAILABLE", None) != MESSAGE_UNAVAILABLE:
-        return "ErrorCode.MESSAGE_UNAVAILABLE changed"
+    if not hasattr(ErrorCode, "MESSAGE_UNAVAILABLE"):
+        return "no ErrorCode.MESSAGE_UNAVAILABLE"
     for name in ("pull_objects", "inflate_object_from_contents", "ObjectPullError"):
         if not hasattr(inflatable_utils, name):
             return f"no inflatable_utils.{name}"

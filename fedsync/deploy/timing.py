@@ -23,9 +23,10 @@ server's arrival. The server's clock (``wall_time``, seconds since the run start
 joined to Unix time by the SuperLink's access log, which stamps every ``push-messages``
 call: the server pushes one per dispatch, so the last ``n`` pushes are the ``n``
 dispatches (:func:`server_clock_offset`). A long pull lag is the server not taking the
-reply yet: Flower 1.39's ServerApp pulls a reply's objects as soon as the reply is
-announced, while the node is still uploading them, retrying with a growing backoff; a
-slow uplink holds it there, and the replies of other nodes wait behind it.
+reply yet: Flower 1.39 announces a reply while its node is still uploading it, and the
+ServerApp's pull of its objects retries until they are all in. Flower's own ServerApp
+pulls one reply after another, so a slow upload also held the replies of other nodes;
+fedsync's asynchronous server pulls them concurrently (``server.reply_pulls``).
 """
 
 from __future__ import annotations
