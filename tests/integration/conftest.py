@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from fedsync.deploy import LocalDeployment
     from simulations.results import Comparison, RunResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -117,3 +118,16 @@ def namespaces_allowed() -> None:
     reason = netns_unavailable_reason()
     if reason:
         pytest.skip(f"needs network namespaces: {reason}")
+
+
+PATHS = ("stock", "warm")
+"""The two node paths the deployment tests run on: Flower's own SuperNodes, which start a
+ClientApp process per message, and ``fedsync-node``'s warm executors."""
+
+
+def deployment_kind(path: str) -> type[LocalDeployment]:
+    """The deployment class of a path in :data:`PATHS`."""
+    from fedsync.deploy import LocalDeployment
+    from fedsync.deploy.warm import WarmLocalDeployment
+
+    return WarmLocalDeployment if path == "warm" else LocalDeployment

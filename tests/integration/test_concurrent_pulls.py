@@ -12,7 +12,6 @@ window, with seconds of margin), not a speed.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 
 from fedsync.deploy.links import run_over_links
 from fedsync.deploy.netns import LinkShape
+from fedsync.reports import read_events
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -59,11 +59,10 @@ def test_fast_reply_arrives_during_a_slow_upload(tmp_path: Path, project_root: P
     assert all(link["namespace"] not in namespaces for link in run.report["links"])
     assert run.outcome.completed, f"{run.outcome.status} {run.outcome.details}"
 
-    arrivals = {}
-    for line in (run.results / "events.jsonl").read_text().splitlines():
-        event = json.loads(line)
-        if event["event"] == "arrival":
-            arrivals[event["task"]] = float(event["wall_time"])
+    arrivals = {
+        event["task"]: float(event["wall_time"])
+        for event in read_events(run.results / "events.jsonl", "arrival")
+    }
     slow = [t for t in run.timings if t.node_index == SLOW and t.task in arrivals]
     fast = [arrivals[t.task] for t in run.timings if t.node_index == FAST and t.task in arrivals]
     assert slow, "the slow node completed no task"

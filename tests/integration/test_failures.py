@@ -34,11 +34,10 @@ import pytest
 from fedsync.deploy import DeploymentError, LocalDeployment, RunOutcome
 from fedsync.deploy.processes import ManagedProcess
 from fedsync.deploy.proctree import descendants
-from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.persist import file_digest, load_arrays
 from fedsync.reports import read_events
 from server.checkpoint import CheckpointStore
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import PATHS, deployment_kind, live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -53,15 +52,7 @@ BASE: dict[str, Any] = {
 }
 
 
-PATHS = ("stock", "warm")
-
-
 # --- helpers ----------------------------------------------------------------------------------
-def deployment_kind(path: str) -> type[LocalDeployment]:
-    """The deployment class of a path in ``PATHS``."""
-    return WarmLocalDeployment if path == "warm" else LocalDeployment
-
-
 class BackgroundRun:
     """``deployment.run_app`` on a thread, so the test can break things meanwhile."""
 

@@ -20,7 +20,7 @@ import pytest
 
 from fedsync.deploy.links import run_over_links
 from fedsync.deploy.netns import LinkShape
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import PATHS, live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -28,7 +28,7 @@ RATES_MBIT = (1.0, 5.0, 20.0)
 
 
 @pytest.mark.usefixtures("namespaces_allowed")
-@pytest.mark.parametrize("nodes", ["stock", "warm"])
+@pytest.mark.parametrize("nodes", PATHS)
 def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path, nodes: str) -> None:
     run = run_over_links(
         tmp_path,

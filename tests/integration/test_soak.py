@@ -41,11 +41,9 @@ from typing import Any
 
 import pytest
 
-from fedsync.deploy import LocalDeployment
 from fedsync.deploy.timing import parse_supernode_log
-from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.reports import read_events
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import PATHS, deployment_kind, live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -176,7 +174,7 @@ def thirds(series: list[tuple[float, float]]) -> tuple[float, float, float]:
 
 
 # --- the soak ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", ["stock", "warm"])
+@pytest.mark.parametrize("path", PATHS)
 def test_soak(path: str, tmp_path: Path, project_root: Path) -> None:
     size, minutes = SIZES[path]
     results = tmp_path / "results"
@@ -184,7 +182,7 @@ def test_soak(path: str, tmp_path: Path, project_root: Path) -> None:
         {"partition-id": i, "num-partitions": size, "state-dir": str(tmp_path / f"state-{i}")}
         for i in range(size)
     ]
-    kind = WarmLocalDeployment if path == "warm" else LocalDeployment
+    kind = deployment_kind(path)
     deployment = kind(tmp_path / "run", nodes)
     started = time.monotonic()
     deployment.start()
