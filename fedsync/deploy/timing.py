@@ -14,6 +14,15 @@ training time (``wall_compute_s``). A SuperNode started with timestamped logs
                  encoding, and the SuperNode's 0.5 s wait for the reply
     upload     = pushing the reply over the link (``Sending`` -> ``Sent``)
 
+The ClientApp may start before ``Received successfully``: Flower stores the message
+before it pulls the objects, and confirms the receipt over the link only after the last
+one is in. A warm executor (``fedsync-node``) takes the task as soon as the objects are
+in the node's store, so a short task can be done before the confirmation returns; the
+SuperNode then finds the reply at once and ``clientapp`` is (about) zero, its time
+hidden in ``download``. The log's times are when the relay read each line, so on a busy
+machine they can also lag by a fraction of a second: the phases are exact to that
+resolution, and a phase shorter than it can read zero.
+
 A SuperNode handles one message at a time, so its k-th train message is the k-th task
 dispatched to it (the server sends each device one task at a time).
 

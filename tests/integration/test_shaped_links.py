@@ -68,7 +68,9 @@ def test_async_run_over_shaped_links(tmp_path: Path, project_root: Path, nodes: 
         assert link["wire"]["downlink_bytes"] >= summary["bytes_down"] + fab
         assert link["wire"]["uplink_bytes"] >= summary["bytes_up"]
         for task in link["tasks"]:
-            assert task["round_trip_s"] > task["clientapp_s"] > 0.0
+            # Zero is possible on the warm path: a short task can finish while the
+            # SuperNode still confirms the download over the link (fedsync.deploy.timing).
+            assert task["round_trip_s"] > task["clientapp_s"] >= 0.0
             assert task["download_s"] > 0.0 and task["upload_s"] > 0.0
             assert task["download_s"] >= 0.8 * task["bytes_down"] * 8 / (rate * 1e6)
             # The server's clock joins the nodes' (SuperLink log): outside splits in two.
