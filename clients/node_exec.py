@@ -74,8 +74,8 @@ class WarmExecutor:
         self.address = runtime_api_address
         self.poll = poll
         # The SuperNode hands a task out before its message's objects have arrived; pull
-        # them again after ``poll``, not after Flower's 1 s, and at most 0.1 s apart while
-        # a slow downlink delivers them (fedsync.object_pulls).
+        # them again after ``poll``, not after Flower's 1 s, and at most
+        # LOCAL_PULL_RETRY_CAP_S apart while a slow downlink delivers them (fedsync.object_pulls).
         if not shorten_object_pulls(poll, cap=LOCAL_PULL_RETRY_CAP_S):
             log(WARNING, "[fedsync] object pulls keep Flower's 1 s retry (unknown layout)")
         self.tasks = 0

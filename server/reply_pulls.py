@@ -240,7 +240,7 @@ class ReplyPulls:
 
 
 def concurrent_pulls(
-    grid: Grid, *, retry_from: float = 0.05, workers: int = DEFAULT_WORKERS
+    grid: Grid, *, retry_from: float, workers: int = DEFAULT_WORKERS
 ) -> ReplyPulls | None:
     """:class:`ReplyPulls` for Flower 1.39's HTTP Grid; ``None`` for any other Grid.
 

@@ -55,6 +55,7 @@ from fedsync.deploy.links import NODE_KINDS, LinkRun, run_over_links
 from fedsync.deploy.local import LocalSuperLink
 from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
 from fedsync.deploy.timing import TaskTiming
+from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S
 from fedsync.reports import read_events
 from simulations.fidelity_setup import Calibration, FidelitySetup, modelled_transfer_s
 from simulations.results import evaluation_entries
@@ -354,7 +355,8 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
         "the server takes a reply late (server_pull_lag, the rest of "
         "outside_polling_and_pull): Flower announces a reply while its node is still "
         "uploading it, and the ServerApp pulls its objects until they are all in, retrying "
-        "from its 0.05 s poll, at most 0.1 s apart (fedsync.object_pulls); replies are "
+        f"from its poll interval, at most {LOCAL_PULL_RETRY_CAP_S:g} s apart "
+        "(fedsync.object_pulls); replies are "
         "pulled concurrently (server.reply_pulls), so no reply waits behind another's "
         "upload. The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "

@@ -44,7 +44,11 @@ def test_a_superlink_address_is_required_and_the_port_checked() -> None:
 def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     from flwr.supercore.inflatable import inflatable_utils
 
-    from fedsync.object_pulls import PULL_RETRY_CAP_S, shorten_object_pulls
+    from fedsync.object_pulls import (
+        LOCAL_PULL_RETRY_CAP_S,
+        PULL_RETRY_CAP_S,
+        shorten_object_pulls,
+    )
 
     functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
     for function in functions:  # Flower's own defaults (1 s, doubling to 10 s), restored after
@@ -72,8 +76,6 @@ def test_object_pulls_retry_at_the_given_interval(monkeypatch: pytest.MonkeyPatc
 
     assert inflatable_utils.pull_objects(["obj"], pull) == {"obj": b"content"}
     # a reader on the objects' own host (ServerApp, warm executor) retries at most 0.1 s apart
-    from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S
-
     assert shorten_object_pulls(0.05, cap=LOCAL_PULL_RETRY_CAP_S)
     for function in functions:
         assert function.__kwdefaults__["backoff_cap"] == LOCAL_PULL_RETRY_CAP_S == 0.1

@@ -25,7 +25,7 @@ def _pull_threads() -> list[threading.Thread]:
 
 def test_flowers_http_grid_gets_concurrent_pulls() -> None:
     grid = HttpGrid("127.0.0.1:9", insecure=True, token="t")  # connects on first use
-    pulls = concurrent_pulls(grid)
+    pulls = concurrent_pulls(grid, retry_from=0.05)
     assert isinstance(pulls, ReplyPulls)
     assert pulls.pull([]) == [] and pulls.pulling == frozenset()
     pulls.close()
@@ -36,7 +36,7 @@ def test_flowers_http_grid_gets_concurrent_pulls() -> None:
 
 def test_other_grids_keep_their_own_pulls() -> None:
     grid = cast(Grid, FakeGrid([1, 2], lambda message: None))
-    assert concurrent_pulls(grid) is None
+    assert concurrent_pulls(grid, retry_from=0.05) is None
     channel = GridChannel(grid, task_ttl=60.0, sleep=lambda _: None)
     channel.close()  # nothing to end
 
@@ -49,8 +49,8 @@ def test_an_unexpected_layout_falls_back_with_one_log_line(
     monkeypatch.setattr(reply_pulls, "log", lambda level, text, *args: lines.append(text % args))
     monkeypatch.delattr(HttpGrid, "_runtime_client")
     grid = HttpGrid("127.0.0.1:9", insecure=True, token="t")
-    assert concurrent_pulls(grid) is None
-    assert concurrent_pulls(grid) is None
+    assert concurrent_pulls(grid, retry_from=0.05) is None
+    assert concurrent_pulls(grid, retry_from=0.05) is None
     assert len(lines) == 1 and "_runtime_client" in lines[0]
 
 
