@@ -29,7 +29,12 @@ from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import build_server_optimizer
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.compression.spec import parse_spec
+from fedsync.data.partition import partition_schemes
+from fedsync.data.registry import ADAMW_LEARNING_RATE, dataset_info
+from fedsync.data.types import UnknownDatasetError
 from fedsync.factored import SCHEDULES as AB_SCHEDULES
+from fedsync.models.registry import AUTO as AUTO_MODEL
+from fedsync.models.registry import model_names
 from fedsync.models.training import CLIENT_OPTIMIZERS
 from fedsync.strategies import STRATEGIES
 
@@ -143,18 +148,20 @@ class TrainingSection(Section):
         "`~/.cache/fedsync`",
     )
     partitioning: str = key(
-        "dirichlet",
+        "auto",
         "`iid`, `dirichlet` (label skew), `shards` (n classes per client), "
-        "`natural` (by speaker/client)",
+        "`natural` (by speaker/client); `auto`: the dataset's (README table)",
     )
     dirichlet_alpha: float = key(
         0.5, "concentration of the Dirichlet label skew (smaller: more skewed)"
     )
     shards_per_client: int = key(2, "shards per client for `shards`")
-    local_epochs: int = key(3, "local epochs per task")
+    local_epochs: int = key(0, "local epochs per task; 0: the dataset's (README table)")
     local_steps: int = key(0, "cap on local optimizer steps per task (0: no cap)")
     batch_size: int = key(32, "local batch size")
-    learning_rate: float = key(0.1, "local learning rate (SGD or AdamW)")
+    learning_rate: float = key(
+        0.0, "local learning rate (SGD or AdamW); 0: the dataset's (README table; AdamW: 0.001)"
+    )
     momentum: float = key(0.9, "local SGD momentum (client-optimizer = sgd)")
     client_optimizer: str = key(
         "sgd", "local optimizer: sgd (with momentum) / adamw (DiLoCo's inner optimizer)"
@@ -177,6 +184,32 @@ class TrainingSection(Section):
     )
 
     def __post_init__(self) -> None:
+        try:
+            info = dataset_info(self.dataset)
+        except UnknownDatasetError as err:
+            raise SettingsError(f"run config 'dataset': {err}") from err
+        # The dataset's defaults stand in for the "auto" values (0 / "auto"); a value
+        # the run config sets wins.
+        auto = info.training
+        if self.partitioning == "auto":
+            object.__setattr__(self, "partitioning", auto.partitioning)
+        if self.local_epochs == 0:
+            object.__setattr__(self, "local_epochs", auto.local_epochs)
+        if self.learning_rate == 0.0:
+            adamw = self.client_optimizer == "adamw"
+            rate = ADAMW_LEARNING_RATE if adamw else auto.learning_rate
+            object.__setattr__(self, "learning_rate", rate)
+        if self.partitioning not in partition_schemes():
+            _fail(
+                "partitioning",
+                f"must be one of {', '.join(partition_schemes())} or 'auto'",
+                self.partitioning,
+            )
+        model = self.model.strip().lower().replace("_", "-")
+        if model != AUTO_MODEL and model not in model_names():
+            _fail(
+                "model", f"must be one of {', '.join(model_names())} or {AUTO_MODEL!r}", self.model
+            )
         if self.dirichlet_alpha <= 0.0:
             _fail("dirichlet-alpha", "must be > 0", self.dirichlet_alpha)
         for name, value in (("local-epochs", self.local_epochs), ("batch-size", self.batch_size)):

@@ -54,6 +54,7 @@ class LoopProgress:
     def __init__(self, total: int, label: str, *, enabled: bool | None = None) -> None:
         self.enabled = interactive() if enabled is None else enabled
         self.status = ""
+        self.warning = ""
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -66,13 +67,23 @@ class LoopProgress:
         self._started = False
 
     def update(
-        self, version: int, *, accuracy: float | None = None, sim_time: float | None = None
+        self,
+        version: int,
+        *,
+        accuracy: float | None = None,
+        sim_time: float | None = None,
+        warning: str | None = None,
     ) -> None:
-        """The model reached ``version``; an evaluation also gives its accuracy."""
+        """The model reached ``version``; an evaluation also gives its accuracy, and a
+        health warning (:mod:`fedsync.aggregation.health`) stays on the bar from then on."""
+        if warning:
+            self.warning = warning
         if accuracy is not None:
             self.status = f"acc {accuracy:.4f}" + (
                 f"  sim {sim_time:.1f} s" if sim_time is not None else ""
             )
+            if self.warning:
+                self.status += f"  WARNING {self.warning}"
         if self.enabled and not self._started:
             self._progress.start()
             self._started = True

@@ -16,7 +16,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedsync.config import RunConfig
-from fedsync.reports import RunRecorder
+from fedsync.reports import RunFailedError, RunRecorder
 from server.evaluation import CentralEvaluator
 from server.registry import STRATEGIES
 
@@ -42,6 +42,9 @@ def main(grid: Grid, context: Context) -> None:
         log(INFO, "[fedsync] results: %s", recorder.folder)
     finally:
         recorder.close()
+    if summary.get("failure"):
+        # Flower marks the run failed, with this as its status details (`flwr ls`).
+        raise RunFailedError(str(summary["failure"]))
 
 
 def _headline(summary: dict[str, object]) -> str:

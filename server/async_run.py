@@ -20,8 +20,9 @@ an update does to the model is :class:`fedsync.engine.AggregationEngine`'s.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any, cast
 
 from flwr.common.logger import log
@@ -158,13 +159,49 @@ class AsyncRun:
         self.stop_reason = self._loop()
         if self.journal.last_eval_version != self.engine.version:
             self.journal.evaluate()
+        failure = self._failure() if self.stop_reason == "no-devices-left" else None
+        if failure:
+            log(ERROR, "[fedsync] %s", failure)
         return self.journal.finish(
             self.stop_reason,
             fleet=self.fleet.spec.name,
             clock=self.clock.describe(),
             tasks_in_flight_at_end=len(self.tasks),
             devices=self._device_summary(),
+            failure=failure,
         )
+
+    def _failure(self) -> str:
+        """Why no device is left: the errors the given-up devices failed with last, the
+        most common first, and the likely cause when every one failed alike."""
+        reasons = Counter(
+            " ".join(stats.last_failure.split())[:400] or "no reason given"
+            for stats in self.scheduler.devices.values()
+            if stats.failures
+        )
+        total = sum(reasons.values())
+        head = (
+            f"the run ended at v{self.engine.version}: every device was given up after "
+            f"repeated failures ({total} device(s))"
+        )
+        if not reasons:
+            return head
+        if len(reasons) == 1:
+            reason = next(iter(reasons))
+            text = f"{head}; every one failed with the same error: {reason}"
+        else:
+            listed = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
+            text = f"{head}; their last errors: {listed}"
+        stale = ("load-clientapp-exception", "ModuleNotFoundError", "ImportError")
+        if len(reasons) == 1 and any(name in text for name in stale):
+            text += (
+                ". A ClientApp that fails to load or import on every node usually means the "
+                "nodes run another version of the app: a SuperLink started before the app "
+                "changed serves the "
+                "old one (plain `flwr run` leaves Flower's local SuperLink running; stop "
+                "it, or use `fedsync run`, which starts and stops its own)"
+            )
+        return text
 
     def _loop(self) -> str:
         while True:

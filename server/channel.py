@@ -25,6 +25,7 @@ from server.reply_pulls import PulledReply, ReplyPulls, SerialPulls, concurrent_
 __all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
 
 ERROR_NAMES = {
+    1: "load-clientapp-exception",
     2: "clientapp-exception",
     3: "ttl-expired",
     4: "reply-expired",

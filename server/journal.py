@@ -131,7 +131,9 @@ class RunJournal:
         )
         self.last_eval_version = version
         self.recorder.events.write("evaluation", **entry)
-        self.progress.update(version, accuracy=entry["accuracy"], sim_time=now)
+        self.progress.update(
+            version, accuracy=entry["accuracy"], sim_time=now, warning=entry.get("health_warning")
+        )
         log(
             INFO,
             "[fedsync] v%d: accuracy %.4f, loss %.4f, sim %.1f s, up %d B, down %d B",

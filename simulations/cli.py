@@ -30,7 +30,9 @@ from typing import Annotated, Any
 
 import typer
 
+from fedsync.aggregation.health import DIVERGED_EXIT, health_problem
 from fedsync.config import RunConfig, SettingsError, check_keys
+from fedsync.reports import RunSummary
 
 __all__ = ["app", "main", "parse_run_config", "shipped"]
 
@@ -124,11 +126,29 @@ def run(
             help="run-config overrides, e.g. \"strategy='fedavg' num-rounds=5\" (repeatable)",
         ),
     ] = None,
-    supernodes: Annotated[int, typer.Option(help="simulated nodes")] = 10,
-    timeout: Annotated[float, typer.Option(help="longest run in real seconds")] = 900.0,
-    quiet: Annotated[bool, typer.Option(help="do not stream the run's log")] = False,
+    supernodes: Annotated[
+        int, typer.Option(help="simulated nodes (default 10)", show_default=False)
+    ] = 10,
+    timeout: Annotated[
+        float, typer.Option(help="longest run in real seconds (default 900)", show_default=False)
+    ] = 900.0,
+    quiet: Annotated[
+        bool, typer.Option(help="do not stream the run's log", show_default=False)
+    ] = False,
+    allow_divergence: Annotated[
+        bool,
+        typer.Option(
+            "--allow-divergence",
+            help="exit 0 even when the run diverged or stayed at chance",
+            show_default=False,
+        ),
+    ] = False,
 ) -> None:
-    """One simulation of the app (the defaults: fedsync's TEASQ mode on digits)."""
+    """One simulation of the app (the defaults: fedsync's TEASQ mode on digits).
+
+    Exit status: 0 done; 1 the run failed; 2 bad arguments; 3 the run diverged or its
+    accuracy stayed at chance (summary.json's `health`; --allow-divergence: 0).
+    """
     from fedsync.deploy import DeploymentError, LocalSuperLink
     from simulations.cleanup import stop_superlink
     from simulations.scenario import PROJECT_ROOT
@@ -163,18 +183,46 @@ def run(
     if not outcome.completed:
         typer.echo(outcome.details or outcome.output[-2000:], err=True)
         raise typer.Exit(1)
+    problem = health_problem(RunSummary.read(folder / "summary.json"))
+    if problem:
+        typer.echo(f"[fedsync] WARNING the run did not learn: {problem}", err=True)
+        if not allow_divergence:
+            raise typer.Exit(DIVERGED_EXIT)
 
 
 @app.command(epilog="Scenarios: " + ", ".join(shipped("scenarios")))
 def compare(
-    scenario: Annotated[str, typer.Argument(help="a shipped scenario name or a .toml path")],
-    out: Annotated[str, typer.Option(help="folder for comparison.json/.md/.png")] = "",
-    only: Annotated[str, typer.Option(help="comma-separated strategy labels")] = "",
-    scale: Annotated[float, typer.Option(help="multiply every run's length")] = 1.0,
-    run_dir: Annotated[str, typer.Option(help="folder for the SuperLink and runs")] = "",
-    verbose: Annotated[bool, typer.Option(help="stream every run's log")] = False,
+    scenario: Annotated[str, typer.Argument(show_default=False, hidden=True)],
+    out: Annotated[
+        str, typer.Option(help="folder for comparison.json/.md/.png", show_default=False)
+    ] = "",
+    only: Annotated[
+        str, typer.Option(help="comma-separated strategy labels", show_default=False)
+    ] = "",
+    scale: Annotated[
+        float, typer.Option(help="multiply every run's length (default 1)", show_default=False)
+    ] = 1.0,
+    run_dir: Annotated[
+        str, typer.Option(help="folder for the SuperLink and runs", show_default=False)
+    ] = "",
+    verbose: Annotated[
+        bool, typer.Option(help="stream every run's log", show_default=False)
+    ] = False,
+    allow_divergence: Annotated[
+        bool,
+        typer.Option(
+            "--allow-divergence",
+            help="exit 0 even when a run diverged or stayed at chance",
+            show_default=False,
+        ),
+    ] = False,
 ) -> None:
-    """Run every strategy of a scenario on the simulation engine and compare them."""
+    """Run every strategy of SCENARIO (a shipped scenario name or a .toml path) on the
+    simulation engine and compare them.
+
+    Exit status: 0 done; 1 a run failed; 2 bad arguments; 3 a run diverged or its
+    accuracy stayed at chance (--allow-divergence: 0).
+    """
     from simulations.compare import main as compare_main
 
     argv = [scenario, "--scale", str(scale)]
@@ -182,6 +230,7 @@ def compare(
     argv += ["--only", only] if only else []
     argv += ["--run-dir", run_dir] if run_dir else []
     argv += ["--verbose"] if verbose else []
+    argv += ["--allow-divergence"] if allow_divergence else []
     raise typer.Exit(compare_main(argv))
 
 
@@ -203,7 +252,7 @@ def deploy(ctx: typer.Context) -> None:
     for index, arg in enumerate(args[:-1]):
         if arg == "--run-config":
             try:
-                check_keys(_keys_of(args[index + 1]))
+                parse_run_config([args[index + 1]])  # keys, names and values
             except SettingsError as err:
                 raise _fail(str(err)) from err
     raise typer.Exit(deploy_main(args))
@@ -216,10 +265,6 @@ def analyze(ctx: typer.Context) -> None:
     from fedsync.analysis.cli import main as analysis_main
 
     raise typer.Exit(analysis_main(list(ctx.args)))
-
-
-def _keys_of(config: str) -> list[str]:
-    return [token.split("=", 1)[0] for token in config.split() if "=" in token]
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedsync.aggregation.health import DIVERGED_EXIT, health_problem
 from fedsync.deploy import DeploymentError, LocalSuperLink
 from simulations.cleanup import stop_superlink
 from simulations.progress import ComparisonProgress, budget_of
@@ -212,6 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed = [r.label for r in results if not r.completed] + missing
         print(f"[compare] did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
+    unhealthy = {r.label: health_problem(r.summary) for r in results}
+    for label, problem in unhealthy.items():
+        if problem:
+            print(f"[compare] WARNING {label} did not learn: {problem}", file=sys.stderr)
+    if any(unhealthy.values()) and not args.allow_divergence:
+        return DIVERGED_EXIT
     return 0
 
 
@@ -242,6 +249,11 @@ def _parser() -> argparse.ArgumentParser:
         help="multiply every run's num-rounds / max-aggregations / max-tasks (a cheaper run)",
     )
     parser.add_argument("--verbose", action="store_true", help="stream every run's log")
+    parser.add_argument(
+        "--allow-divergence",
+        action="store_true",
+        help=f"exit 0, not {DIVERGED_EXIT}, when a run diverged or stayed at chance",
+    )
     return parser
 
 

@@ -82,6 +82,7 @@ class RunState:
     done: int = 0
     accuracy: float | None = None
     sim_time: float | None = None
+    warning: str | None = None
 
     def update(self, events: Sequence[Mapping[str, Any]]) -> None:
         """Fold new events in: rounds/aggregations done, the latest evaluation."""
@@ -95,14 +96,19 @@ class RunState:
                 self.accuracy = float(event["accuracy"])
                 sim_time = event.get("sim_time")
                 self.sim_time = float(sim_time) if isinstance(sim_time, int | float) else None
+                if isinstance(event.get("health_warning"), str):
+                    self.warning = str(event["health_warning"])
 
     def describe(self) -> str:
-        """``acc 0.9417  sim 31.2 s`` (blank parts while unknown)."""
+        """``acc 0.9417  sim 31.2 s`` (blank parts while unknown), and the run's health
+        warning once there is one."""
         parts = []
         if self.accuracy is not None:
             parts.append(f"acc {self.accuracy:.4f}")
         if self.sim_time is not None:
             parts.append(f"sim {self.sim_time:.1f} s")
+        if self.warning:
+            parts.append(f"WARNING {self.warning}")
         return "  ".join(parts)
 
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from logging import WARNING
 from typing import Any
+
+from flwr.common.logger import log
+
+from fedsync.aggregation.health import TrainingHealth
 
 __all__ = ["RunTally", "TargetReached"]
 
@@ -51,11 +56,14 @@ class RunTally:
     # --- accuracy over time ---
     evaluations: list[dict[str, Any]] = field(default_factory=list)
     target: TargetReached | None = None
+    health: TrainingHealth = field(default_factory=TrainingHealth)
 
     def record_evaluation(
         self, version: int, metrics: dict[str, float], *, sim_time: float, wall_time: float
     ) -> dict[str, Any]:
-        """Store one central evaluation and check the target; returns the entry."""
+        """Store one central evaluation, check the target and the run's health (a new
+        problem is logged as a warning and noted in the entry as ``health_warning``);
+        returns the entry."""
         accuracy = float(metrics.get("accuracy", float("nan")))
         entry: dict[str, Any] = {
             "version": version,
@@ -71,6 +79,10 @@ class RunTally:
             self.target = TargetReached(
                 accuracy, version, sim_time, wall_time, self.bytes_up, self.bytes_down
             )
+        verdict = self.health.observe(self.evaluations)
+        if verdict is not None:
+            entry["health_warning"] = verdict.message
+            log(WARNING, "[fedsync] %s: %s", verdict.status, verdict.message)
         return entry
 
     def summary(self) -> dict[str, Any]:
@@ -97,6 +109,7 @@ class RunTally:
             "arrivals": self.arrivals,
             "aggregated_updates": self.aggregated,
             "target": target,
+            "health": self.health.summary(self.evaluations),
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
             "mean_staleness": (
                 sum(k * v for k, v in self.staleness.items()) / total_stale if total_stale else None

@@ -36,6 +36,40 @@ Builder = Callable[..., DatasetSplits]
 
 
 @dataclass(frozen=True)
+class LocalTraining:
+    """A dataset's local-training defaults: what ``learning-rate = 0``, ``local-epochs =
+    0`` and ``partitioning = "auto"`` in the run config stand for.
+
+    Chosen by measurement (``benchmarks/dataset_defaults.py``: the app's quickstart
+    settings, 10 simulated devices, fedsync's TEASQ mode and FedAvg; results in
+    ``benchmarks/results/dataset_defaults.json``), for local SGD with momentum 0.9 and
+    batch 32; with ``client-optimizer = "adamw"`` the learning rate is
+    :data:`ADAMW_LEARNING_RATE` for every dataset.
+
+    Parameters
+    ----------
+    learning_rate : float
+        Local SGD learning rate.
+    local_epochs : int
+        Local epochs per task.
+    partitioning : str
+        How the data is split across clients.
+    """
+
+    learning_rate: float
+    local_epochs: int
+    partitioning: str = "dirichlet"
+
+
+ADAMW_LEARNING_RATE = 1e-3
+"""The learning rate ``learning-rate = 0`` means with ``client-optimizer = "adamw"``."""
+
+DEFAULT_TRAINING = LocalTraining(learning_rate=0.1, local_epochs=3)
+"""The defaults of a dataset whose entry names none (the app's defaults before the
+per-dataset table)."""
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     """What the registry knows about one dataset.
 
@@ -60,6 +94,8 @@ class DatasetInfo:
         share one cache entry.
     defaults : mapping
         Fixed keyword arguments for ``build`` (variants of one generator).
+    training : LocalTraining
+        What the run config's ``auto`` training keys mean for this dataset.
     """
 
     name: str
@@ -71,6 +107,7 @@ class DatasetInfo:
     remote: tuple[RemoteFile, ...] = ()
     uses_seed: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    training: LocalTraining = DEFAULT_TRAINING
 
 
 def _synthetic(name: str, label: str, **fixed: Any) -> DatasetInfo:
@@ -81,8 +118,14 @@ def _synthetic(name: str, label: str, **fixed: Any) -> DatasetInfo:
         description=f"FedProx Synthetic({label}): 60 features, 10 classes, 30 natural clients",
         uses_seed=True,
         defaults=fixed,
+        training=SYNTHETIC_TRAINING,
     )
 
+
+IMAGE_TRAINING = LocalTraining(learning_rate=0.01, local_epochs=1)
+"""MNIST and Fashion-MNIST (LeNet-5)."""
+SYNTHETIC_TRAINING = LocalTraining(learning_rate=0.1, local_epochs=1, partitioning="natural")
+"""The FedProx synthetic sets (logistic regression), split by generating client."""
 
 _REGISTRY: dict[str, DatasetInfo] = {
     info.name: info
@@ -93,6 +136,7 @@ _REGISTRY: dict[str, DatasetInfo] = {
             default_model="mlp",
             description="scikit-learn 8x8 digits, 1,797 images (bundled, no download)",
             uses_seed=True,
+            training=DEFAULT_TRAINING,
         ),
         DatasetInfo(
             name="mnist",
@@ -101,6 +145,7 @@ _REGISTRY: dict[str, DatasetInfo] = {
             description="MNIST handwritten digits, 60k/10k 28x28",
             files=mnist.idx_file_names(),
             remote=mnist.mnist_remote_files(),
+            training=IMAGE_TRAINING,
         ),
         DatasetInfo(
             name="fashion-mnist",
@@ -110,14 +155,16 @@ _REGISTRY: dict[str, DatasetInfo] = {
             files=mnist.idx_file_names(),
             system_dirs=("/usr/share/datasets/fashion-mnist",),
             remote=mnist.fashion_remote_files(),
+            training=IMAGE_TRAINING,
         ),
         DatasetInfo(
             name="shakespeare",
             build=shakespeare.load_shakespeare,
-            default_model="char-lstm",
+            default_model="char-lstm-small",
             description="Tiny Shakespeare next-character prediction, one client per role",
             files={"text": shakespeare.FILE_NAMES},
             remote=shakespeare.REMOTE_FILES,
+            training=LocalTraining(learning_rate=1.0, local_epochs=1, partitioning="natural"),
         ),
         # "synthetic" takes alpha/beta as options (default 1, 1); the variants fix them
         # so a run config can name the paper's settings with the dataset key alone.

@@ -163,6 +163,11 @@ class LocalSuperLink:
         # the last cluster `ray start` left in /tmp/ray (and hangs on a stale one). A
         # simulation starts its own Ray unless RAY_ADDRESS names a cluster to attach to.
         env.setdefault("RAY_ADDRESS", "local")
+        # Ray's driver warns at every start that a future Ray will stop hiding GPUs from
+        # actors given none; nothing a user of this run can act on (the behaviour kept
+        # is the current one), so the warning is filtered, not the behaviour changed.
+        quiet = "ignore::FutureWarning:ray._private.worker"
+        env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), quiet]))
         return env
 
     def start(self) -> LocalSuperLink:
@@ -487,6 +492,11 @@ class LocalDeployment:
         self.stop()
 
 
+UNACTIONABLE_LINES = ("Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",)
+"""Lines of Flower's that a run streams to the terminal but a user cannot act on (the
+federation size is always set here); they stay in the run's log file."""
+
+
 def _stream_command(
     command: Sequence[str], env: Mapping[str, str], log_path: Path, *, timeout: float, echo: bool
 ) -> str:
@@ -510,7 +520,7 @@ def _stream_command(
             for line in cli.stdout:
                 lines.append(line)
                 log_file.write(line)
-                if echo:
+                if echo and not any(text in line for text in UNACTIONABLE_LINES):
                     print(line, end="", flush=True)
                 if time.monotonic() > deadline:
                     raise DeploymentError(f"{command[1]} did not finish within {timeout:.0f}s")

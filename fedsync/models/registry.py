@@ -36,7 +36,7 @@ def model_names() -> tuple[str, ...]:
 
 def default_model_for(dataset: str) -> str:
     """The model ``"auto"`` means for a dataset (mlp for digits, cnn for the 28x28
-    image sets, char-lstm for shakespeare, logreg for synthetic)."""
+    image sets, char-lstm-small for shakespeare, logreg for synthetic)."""
     return dataset_info(dataset).default_model
 
 

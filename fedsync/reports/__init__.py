@@ -3,6 +3,14 @@
 from fedsync.reports.event_log import EventLog, read_events
 from fedsync.reports.plots import plot_accuracy, plot_run
 from fedsync.reports.recorder import RunRecorder
-from fedsync.reports.summary import RunSummary
+from fedsync.reports.summary import RunFailedError, RunSummary
 
-__all__ = ["EventLog", "RunRecorder", "RunSummary", "plot_accuracy", "plot_run", "read_events"]
+__all__ = [
+    "EventLog",
+    "RunFailedError",
+    "RunRecorder",
+    "RunSummary",
+    "plot_accuracy",
+    "plot_run",
+    "read_events",
+]

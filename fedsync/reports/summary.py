@@ -16,7 +16,12 @@ from typing import Any
 
 from fedsync.aggregation.progress import RunTally
 
-__all__ = ["RunSummary"]
+__all__ = ["RunFailedError", "RunSummary"]
+
+
+class RunFailedError(RuntimeError):
+    """A run that ended without training: every device was given up (its
+    ``summary.json`` is written and names the errors, as this message does)."""
 
 
 @dataclass

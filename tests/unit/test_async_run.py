@@ -435,6 +435,12 @@ def test_run_ends_when_every_device_is_given_up(tmp_path: Path) -> None:
     assert result.summary["stop_reason"] == "no-devices-left"
     assert result.version == 0 and len(of(events, "error")) == 8
     assert torch.equal(result.global_state["layer.weight"], torch.zeros(SHAPES["layer.weight"]))
+    # The summary says why, naming the one error every device failed with.
+    assert result.summary["failure"] == (
+        "the run ended at v0: every device was given up after repeated failures (4 "
+        "device(s)); every one failed with the same error: clientapp-exception (code 2): "
+        "ClientApp raised"
+    )
 
 
 @pytest.mark.parametrize("mode", ["garbage", "nan", "shape"])

@@ -41,6 +41,8 @@ def test_deploy_checks_its_run_config_keys_too() -> None:
     result = runner.invoke(app, ["deploy", "--nodes", "2", "--run-config", "num-round=3"])
     assert result.exit_code == 2
     assert "did you mean 'num-rounds'?" in result.output
+    result = runner.invoke(app, ["deploy", "--nodes", "2", "--run-config", "dataset='cifar'"])
+    assert result.exit_code == 2 and "unknown dataset 'cifar'" in result.output
 
 
 def test_a_bad_value_and_a_malformed_string_fail_before_flower() -> None:
@@ -51,6 +53,23 @@ def test_a_bad_value_and_a_malformed_string_fail_before_flower() -> None:
         parse_run_config(["num-rounds"])
     with pytest.raises(SettingsError, match="run config"):
         parse_run_config(["strategy=fedavg"])  # a TOML string needs quotes
+
+
+def test_unknown_dataset_and_model_names_fail_before_flower() -> None:
+    # Checked with the other keys: exit 2 at once, no SuperLink started.
+    result = runner.invoke(app, ["run", "-c", "dataset='mnsit'"])
+    assert result.exit_code == 2
+    assert "unknown dataset 'mnsit'; valid names: digits, fashion-mnist, mnist" in result.output
+    result = runner.invoke(app, ["run", "-c", "model='resnet'"])
+    assert result.exit_code == 2 and "'model' must be one of char-lstm" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_the_help_shows_defaults_without_markup_escapes(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "\\[" not in result.output  # typer escapes its own [default: ...] brackets
+    assert "--allow-divergence" in result.output and "3 " in result.output
 
 
 def test_valid_overrides_parse_as_toml_literals() -> None:

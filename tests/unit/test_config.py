@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.config import ConfigValue, RunConfig, SettingsError, declared_keys
+from fedsync.data.registry import ADAMW_LEARNING_RATE, dataset_info, dataset_names
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| `([a-z0-9-]+)` \| `([^`]*)` \| (.+) \|$")
@@ -62,7 +63,47 @@ def test_the_readme_tables_document_every_key_with_its_default_and_help() -> Non
 def test_the_defaults_read_back_as_the_default_config() -> None:
     defaults = {key: info.default for key, info in declared_keys().items()}
     assert RunConfig.from_run_config(defaults) == RunConfig()
-    assert RunConfig().as_run_config() == defaults
+    # The "auto" training keys read back as what they stood for (digits' values).
+    resolved = {**defaults, "learning-rate": 0.1, "local-epochs": 3, "partitioning": "dirichlet"}
+    assert RunConfig().as_run_config() == resolved
+    assert RunConfig.from_run_config(resolved) == RunConfig()
+
+
+@pytest.mark.parametrize("dataset", dataset_names())
+def test_auto_training_keys_take_the_datasets_defaults(dataset: str) -> None:
+    training = RunConfig.from_run_config({"dataset": dataset}).training
+    auto = dataset_info(dataset).training
+    assert training.learning_rate == auto.learning_rate
+    assert training.local_epochs == auto.local_epochs
+    assert training.partitioning == auto.partitioning
+
+
+def test_a_value_the_user_sets_wins_over_the_datasets_default() -> None:
+    values = {"dataset": "mnist", "learning-rate": 0.3, "local-epochs": 2, "partitioning": "iid"}
+    training = RunConfig.from_run_config(values).training
+    assert (training.learning_rate, training.local_epochs, training.partitioning) == (
+        0.3,
+        2,
+        "iid",
+    )
+    adamw = RunConfig.from_run_config({"dataset": "mnist", "client-optimizer": "adamw"})
+    assert adamw.training.learning_rate == ADAMW_LEARNING_RATE
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"dataset": "mnsit"}, "unknown dataset 'mnsit'; valid names: digits, fashion-mnist"),
+        ({"model": "resnet"}, "'model' must be one of char-lstm, .* or 'auto', got 'resnet'"),
+        ({"partitioning": "random"}, "'partitioning' must be one of dirichlet, iid"),
+        ({"learning-rate": -0.1}, "'learning-rate' must be finite and > 0"),
+    ],
+)
+def test_names_and_values_are_checked_when_the_config_is_read(
+    values: dict[str, ConfigValue], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message):
+        RunConfig.from_run_config(values)
 
 
 def test_a_value_of_the_wrong_type_names_its_key() -> None:
@@ -73,3 +114,18 @@ def test_a_value_of_the_wrong_type_names_its_key() -> None:
 def test_an_unknown_server_update_transform_is_a_settings_error() -> None:
     with pytest.raises(SettingsError, match="unknown server update transform 'median'"):
         RunConfig.from_run_config({"server-update-transform": "median"})
+
+
+def test_the_readme_table_of_dataset_defaults_is_generated_from_the_registry_and_results() -> None:
+    # One place per fact: the registry holds the values, the committed JSON what they
+    # measured; the README shows `python -m benchmarks.dataset_defaults --table`.
+    from benchmarks.dataset_defaults import table
+    from fedsync.reports import RunSummary
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- dataset-defaults:start -->\n", 1)[1]
+    block = block.split("<!-- dataset-defaults:end -->", 1)[0]
+    document = RunSummary.read(ROOT / "benchmarks" / "results" / "dataset_defaults.json")
+    assert block.strip() == table(document)
+    for row in block.strip().splitlines()[2:]:  # every dataset's defaults were measured
+        assert "not measured" not in row.split("|")[6], row

@@ -56,7 +56,7 @@ def test_default_models() -> None:
     assert model_names() == ("char-lstm", "char-lstm-small", "cnn", "logreg", "mlp", "mlp-wide")
     assert default_model_for("digits") == "mlp"
     assert default_model_for("mnist") == default_model_for("fashion-mnist") == "cnn"
-    assert default_model_for("shakespeare") == "char-lstm"
+    assert default_model_for("shakespeare") == "char-lstm-small"
     assert default_model_for("synthetic-0.5-0.5") == "logreg"
     model = build_model("auto", 10, (1, 28, 28), dataset="fashion-mnist")
     assert type(model).__name__ == "LeNet5"
