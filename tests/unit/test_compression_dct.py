@@ -109,8 +109,8 @@ def test_a_matrix_larger_than_the_budget_is_returned_not_kept() -> None:
     small.get(16)
     big = small.get(17)
     assert big.shape == (17, 17) and small.nbytes == 4 * 16 * 16 and len(small) == 1
-    # the shared cache holds the largest matrix a spec may name, and no more
-    assert dct.MATRICES.max_bytes == MATRIX_CACHE_BYTES == 4 * MAX_CHUNK * MAX_CHUNK == 64 << 20
+    # the shared cache holds the largest matrix a spec may name and a shorter one, no more
+    assert dct.MATRICES.max_bytes == MATRIX_CACHE_BYTES == 8 * MAX_CHUNK * MAX_CHUNK == 128 << 20
 
 
 @settings(max_examples=40, deadline=None)

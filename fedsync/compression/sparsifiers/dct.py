@@ -39,11 +39,11 @@ __all__ = ["DCTConfig", "DCTMatrixCache", "DCTTopK", "chunk_counts", "dct_matrix
 MAX_CHUNK = 4096
 """Largest chunk (its DCT matrix has ``chunk**2`` float32 entries: 64 MiB)."""
 
-MATRIX_CACHE_BYTES: Final = 4 * MAX_CHUNK * MAX_CHUNK
-"""Bytes of DCT matrices kept, over every size and device together: the largest
-matrix fits (alone); least recently used ones make room for a new one. (So with
-``chunk=4096`` a tensor that leaves a shorter last chunk evicts the 4096 matrix, and
-the next tensor rebuilds it.)"""
+MATRIX_CACHE_BYTES: Final = 2 * 4 * MAX_CHUNK * MAX_CHUNK
+"""Bytes of DCT matrices kept, over every size and device together (128 MiB): the
+largest matrix fits with room for the shorter last chunk's, so a ``chunk=4096`` encode
+of tensors that leave a tail does not rebuild the large one each time; least recently
+used ones make room for a new one."""
 
 _BUILD_ROWS = 256
 """Rows of a matrix computed at once (in float64): bounds the work memory of a build
