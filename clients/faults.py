@@ -18,6 +18,8 @@ nan         a well-formed frame (valid checksum) whose values decode to NaN
 inf         the same with +Inf
 shape       a well-formed frame for a model whose first tensor has one more row
 norm        a well-formed, finite update 10^5 times the honest one (a poisoning attempt)
+codec       a well-formed frame of the honest update in another codec than the task
+            assigned (``none+fp32``; ``none+fp16`` when that is the task's)
 ==========  ============================================================================
 
 The honest update is encoded first, so the node's error-feedback state moves on as if
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from fedsync.codec import UpdateCodec, specs_of
+from fedsync.compression import parse_spec
 from fedsync.compression.pruning import mask_digest, masked_spec
 from fedsync.config import SettingsError
 from fedsync.updates import CompressedTensor, TensorSpec
@@ -46,10 +49,13 @@ FAULT: Final = "fault"
 """Node config key: comma-separated fault kinds (unset or empty: an honest node)."""
 FAULT_RATE: Final = "fault-rate"
 """Node config key: share of tasks whose uplink is corrupted, in [0, 1] (default 1)."""
-FAULT_KINDS: Final = ("truncate", "bitflip", "garbage", "nan", "inf", "shape", "norm")
+FAULT_KINDS: Final = ("truncate", "bitflip", "garbage", "nan", "inf", "shape", "norm", "codec")
 
 NORM_FACTOR: Final = 1e5
 """How much larger than the honest update a ``norm`` fault's update is."""
+
+OTHER_CODECS: Final = ("none+fp32", "none+fp16")
+"""What a ``codec`` fault encodes with: the first that is not the task's spec."""
 
 # Bit patterns of NaN / +Inf for the float schemes, whose codes are raw bits.
 _SPECIAL_BITS: Final = {
@@ -122,7 +128,8 @@ class FaultInjector:
         payload : bytes
             The honest frame.
         delta : mapping of str to torch.Tensor
-            The honest update (``shape`` and ``norm`` re-encode a changed copy).
+            The honest update (``shape`` and ``norm`` re-encode a changed copy,
+            ``codec`` the update itself).
         spec : str
             The task's codec spec.
         seed : int
@@ -159,6 +166,11 @@ class FaultInjector:
             return UpdateCodec(spec, seed=seed, masks=masks).encode(
                 {name: tensor * NORM_FACTOR for name, tensor in delta.items()}
             )
+        if kind == "codec":
+            assigned = parse_spec(spec).to_spec()
+            other = next(codec for codec in OTHER_CODECS if codec != assigned)
+            # Both ends know the model, as for the honest frame: its digest, not a table.
+            return UpdateCodec(other, seed=seed, specs=specs_of(delta)).encode(delta)
         raise SettingsError(f"unknown fault kind {kind!r}")
 
 

@@ -20,7 +20,10 @@ Flower's ``context.state``. The receiver's side is stateless: :meth:`UpdateCodec
 rebuilds the pipeline from the codec description in the frame, so one server codec
 decodes every client's spec, including the per-task densities and bit widths an
 asynchronous server hands out (:meth:`UpdateCodec.with_density`,
-:meth:`UpdateCodec.with_bits`). Nothing here imports Flower.
+:meth:`UpdateCodec.with_bits`). A receiver that knows which spec the sender was given
+decodes with a codec of that spec and ``own_spec_only=True`` instead: a frame of any
+other codec is refused on its header (:class:`UnexpectedCodec`), before a pipeline is
+built or anything allocated for it. Nothing here imports Flower.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from fedsync.wire import (
     FrameLimits,
     PayloadError,
     SchemaMismatch,
+    UnexpectedCodec,
     decode_frame,
     encode_frame,
 )
@@ -64,6 +68,7 @@ __all__ = [
     "NonFiniteInputError",
     "NonFiniteUpdate",
     "PayloadError",
+    "UnexpectedCodec",
     "UnknownCodec",
     "UpdateCodec",
     "UpdateMismatch",
@@ -470,13 +475,14 @@ class UpdateCodec:
         expected: Mapping[str, TensorSpec] | None = None,
         *,
         device: torch.device | str = "cpu",
+        own_spec_only: bool = False,
     ) -> SparseUpdate:
         """Validate and decode a frame into a sparse update (never densified).
 
         Parameters
         ----------
         payload : bytes-like or uint8 array
-            A frame from :meth:`encode` (of any codec spec).
+            A frame from :meth:`encode` (of any codec spec, unless ``own_spec_only``).
         expected : mapping of str to TensorSpec, optional
             The model's tensors (see :func:`specs_of`); default: the codec's
             ``specs``. When known, the frame must hold exactly these names with these
@@ -484,11 +490,17 @@ class UpdateCodec:
             them (:class:`~fedsync.wire.SchemaRequired` otherwise).
         device : torch.device or str
             Where the decoded indices and values go.
+        own_spec_only : bool
+            Accept only frames that name this codec's own :attr:`spec` (the one the
+            sender was assigned): a frame of any other codec raises
+            :class:`UnexpectedCodec` as soon as its header is read, before its schema,
+            its table or a pipeline for it. Default: any codec.
 
         Raises
         ------
         PayloadError
             Any fault, as a subclass naming it: the wire's errors for a broken frame,
+            :class:`UnexpectedCodec` (``own_spec_only``: another codec's frame),
             :class:`UnknownCodec`, :class:`CodecMismatch`, :class:`UpdateMismatch`
             (the frame's schema is not ``expected``), :class:`NonFiniteUpdate` for a
             well-formed frame that is still wrong; :class:`~fedsync.wire.SchemaRequired`
@@ -497,7 +509,12 @@ class UpdateCodec:
         if expected is None:
             expected = self._specs
         try:
-            codec, tensors = decode_frame(payload, limits=self.limits, expected=expected)
+            codec, tensors = decode_frame(
+                payload,
+                limits=self.limits,
+                expected=expected,
+                expected_codec=self._spec if own_spec_only else None,
+            )
         except SchemaMismatch as exc:
             raise UpdateMismatch(
                 exc.problem, field=exc.field, tensor=exc.tensor, expected=exc.expected, got=exc.got

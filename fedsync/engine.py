@@ -4,8 +4,8 @@
 
     plan_task(node)   -> version, uplink spec, downlink payload (downlink bookkeeping)
     receive(plan, reply payload, metrics)
-        -> decode -> validate -> norm guard -> strategy.check -> staleness gate
-        -> strategy.weight -> strategy.contribution -> buffer (K cached)
+        -> decode (the task's codec only) -> validate -> norm guard -> strategy.check
+        -> staleness gate -> strategy.weight -> strategy.contribution -> buffer (K cached)
         -> server optimizer step -> version + 1
 
 The engine knows nothing of messages, nodes' addresses or time: the server's loop
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -52,8 +52,9 @@ from fedsync.aggregation.pruning import PrunedModel
 from fedsync.config import RunConfig, SettingsError
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
+from fedsync.wire import UnexpectedCodec
 
-__all__ = ["AggregationEngine", "TaskPlan", "Verdict", "default_codec_factory"]
+__all__ = ["AggregationEngine", "Rejection", "TaskPlan", "Verdict", "default_codec_factory"]
 
 
 def default_codec_factory(
@@ -124,6 +125,43 @@ class TaskPlan:
 
 
 @dataclass(frozen=True)
+class Rejection:
+    """Why a reply was rejected: the kind it is counted under, and the reason in words.
+
+    Attributes
+    ----------
+    kind : str
+        The key of ``rejections`` in ``summary.json``: :attr:`CODEC_MISMATCH`,
+        ``decode:<Error>`` (the :class:`~fedsync.wire.PayloadError` subclass, or other
+        exception, the payload failed to decode with), :attr:`INVALID`, :attr:`NORM` or
+        :attr:`MALFORMED`.
+    detail : str
+        The reason, for logs and events.
+    """
+
+    CODEC_MISMATCH: ClassVar[str] = "codec-mismatch"
+    """A well-formed frame of another codec than the task assigned (refused on its
+    header: nothing of it is decoded)."""
+    INVALID: ClassVar[str] = "invalid"
+    """Decoded, but not a valid update of the expected tensors."""
+    NORM: ClassVar[str] = "norm"
+    """Refused by the update-norm guard."""
+    MALFORMED: ClassVar[str] = "malformed"
+    """The reply could not be read, or the strategy refused it (no examples, ...)."""
+
+    kind: str
+    detail: str
+
+    @classmethod
+    def decode_failed(cls, error: Exception) -> Rejection:
+        """The rejection of a payload whose decoding raised ``error``."""
+        if isinstance(error, UnexpectedCodec):
+            return cls(cls.CODEC_MISMATCH, f"codec mismatch: {error}")
+        name = type(error).__name__
+        return cls(f"decode:{name}", f"decode failed: {name}: {error}")
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What became of one reply.
 
@@ -131,22 +169,35 @@ class Verdict:
     ----------
     status : {"aggregated", "buffered", "stale", "rejected"}
         ``buffered``: cached; ``aggregated``: cached and the buffer stepped the model;
-        ``stale``: dropped by the staleness gate; ``rejected``: unusable (see ``why``).
+        ``stale``: dropped by the staleness gate; ``rejected``: unusable (see
+        ``rejection``).
     staleness : int
         Aggregations since the task's model version.
-    why : str
-        For ``rejected``: the reason; ``kind`` classifies it (``decode:<Error>``,
-        ``invalid``, ``norm``, ``malformed``).
+    rejection : Rejection or None
+        For ``rejected`` (and only then): why.
     updates, weight_sum : int, float
         For ``aggregated``: what the buffer held.
     """
 
     status: Literal["aggregated", "buffered", "stale", "rejected"]
     staleness: int
-    why: str = ""
-    kind: str = ""
+    rejection: Rejection | None = None
     updates: int = 0
     weight_sum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.status == "rejected") != (self.rejection is not None):
+            raise ValueError("a verdict has a rejection if and only if it is 'rejected'")
+
+    @property
+    def kind(self) -> str:
+        """The rejection's kind (``""`` unless rejected)."""
+        return self.rejection.kind if self.rejection is not None else ""
+
+    @property
+    def why(self) -> str:
+        """The rejection's detail (``""`` unless rejected)."""
+        return self.rejection.detail if self.rejection is not None else ""
 
 
 class AggregationEngine:
@@ -263,7 +314,7 @@ class AggregationEngine:
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
         self.rejections: Counter[str] = Counter()
-        """Rejected replies by what was wrong (decode error class, invalid, norm)."""
+        """Rejected replies by :attr:`Rejection.kind`."""
         self._starts: dict[str, dict[str, torch.Tensor]] = {}
         if pruning_state:
             # A resumed pruned run: the saved cut (masks, version), not a new one.
@@ -362,17 +413,15 @@ class AggregationEngine:
         staleness = self.version - plan.version
         start = self._starts.pop(plan.task_id, None)
         arrival = Arrival(staleness=staleness, num_examples=num_examples, version=plan.version)
-        why = malformed or self.strategy.check(arrival)
-        update = None if why else self._decode(plan, payload)
+        refused = malformed or self.strategy.check(arrival)
+        update = Rejection(Rejection.MALFORMED, refused) if refused else self._decode(plan, payload)
         if self.ab is not None:
             self.ab.release(plan.task_id)
-        if isinstance(update, str):
-            why, update = update, None
-        if update is None:
-            return self._reject(staleness, why)
+        if isinstance(update, Rejection):
+            return self._reject(staleness, update)
         norm = update_norm(update) if self.norm_guard is not None else 0.0
         if self.norm_guard is not None and (why := self.norm_guard.check(norm)):
-            return self._reject(staleness, why, kind="norm")
+            return self._reject(staleness, Rejection(Rejection.NORM, why))
         if not self.strategy.accepts(arrival):
             self.tally.drops["stale"] += 1
             return Verdict("stale", staleness)
@@ -397,26 +446,28 @@ class AggregationEngine:
             "aggregated", staleness, updates=aggregate.count, weight_sum=aggregate.weight_sum
         )
 
-    def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | str:
+    def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | Rejection:
         # An AB-Training reply holds factor deltas: its schema is its side's.
         expected = self.ab.schema(plan.task_id) if self.ab is not None else self.specs
+        codec = self._codec(plan.uplink_spec)
         try:
-            update = self._codec(plan.uplink_spec).decode(payload, expected, device=self.device)
+            # The task's codec and no other: a frame naming another one is refused on its
+            # header, before a pipeline is built or anything allocated for it.
+            update = codec.decode(payload, expected, device=self.device, own_spec_only=True)
         except Exception as err:  # any failure to decode is the payload's fault here
-            return f"decode failed: {type(err).__name__}: {err}"
+            return Rejection.decode_failed(err)
         try:
             validate_update(update, expected)
         except InvalidUpdate as err:
-            return f"invalid update: {err}"
+            return Rejection(Rejection.INVALID, f"invalid update: {err}")
         if self.ab is not None:
             return self.ab.rebuild(plan.task_id, update)
         return dict(update)
 
-    def _reject(self, staleness: int, why: str, kind: str = "") -> Verdict:
-        kind = kind or _rejection_kind(why)
+    def _reject(self, staleness: int, rejection: Rejection) -> Verdict:
         self.tally.drops["rejected"] += 1
-        self.rejections[kind] += 1
-        return Verdict("rejected", staleness, why=why, kind=kind)
+        self.rejections[rejection.kind] += 1
+        return Verdict("rejected", staleness, rejection=rejection)
 
     # --- the end ------------------------------------------------------------------------------
     def discard_buffer(self) -> int:
@@ -500,12 +551,3 @@ def task_seed(seed: int, number: int) -> int:
 
 def _is_codec(obj: object) -> bool:
     return callable(getattr(obj, "encode", None)) and callable(getattr(obj, "decode", None))
-
-
-def _rejection_kind(why: str) -> str:
-    """A short class for a rejection reason: ``decode:<Error>``, ``invalid``, ..."""
-    if why.startswith("decode failed: "):
-        return "decode:" + why.removeprefix("decode failed: ").split(":", 1)[0]
-    if why.startswith("invalid update"):
-        return "invalid"
-    return "malformed"

@@ -377,14 +377,15 @@ class AsyncRun:
         verdict = self.engine.receive(
             plan, reply.payload, reply.num_examples, malformed=reply.malformed
         )
-        if verdict.status == "rejected":
-            retired = self.scheduler.fail(node_id, f"rejected: {verdict.why}")
+        rejection = verdict.rejection
+        if rejection is not None:
+            retired = self.scheduler.fail(node_id, f"rejected: {rejection.detail}")
             log(
                 WARNING,
                 "[fedsync] rejected %s from node %d: %s",
                 plan.task_id,
                 node_id,
-                verdict.why,
+                rejection.detail,
             )
             self._event(
                 "drop",
@@ -392,8 +393,8 @@ class AsyncRun:
                 event.time,
                 task=plan.task_id,
                 reason="rejected",
-                rejection=verdict.kind,
-                detail=verdict.why[:500],
+                rejection=rejection.kind,
+                detail=rejection.detail[:500],
                 gave_up=retired,
             )
             self._after_failure(plan, retired, event)

@@ -47,8 +47,11 @@ class UpdateCodecLike(Protocol):
         expected: Mapping[str, TensorSpec],
         *,
         device: torch.device | str = "cpu",
+        own_spec_only: bool = False,
     ) -> SparseUpdate:
-        """Decode a payload onto ``device``, checking it against the expected tensors."""
+        """Decode a payload onto ``device``, checking it against the expected tensors;
+        with ``own_spec_only``, refuse a payload of another codec than this one
+        (:class:`~fedsync.wire.UnexpectedCodec`) before decoding anything of it."""
         ...
 
 

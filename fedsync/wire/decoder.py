@@ -1,7 +1,8 @@
 """Decoding a frame, trusting nothing.
 
 Order of checks: the payload size against the limits, magic, version, declared
-length, CRC-32; then the schema (the digest against the receiver's specs, or the
+length, CRC-32; then the codec description (against the one the receiver expects,
+when it names one); then the schema (the digest against the receiver's specs, or the
 tensor table, each count against the limits); then the format table and every
 tensor entry, field by field, each count against the limits and the tensor's
 shape; then that the data part has exactly the bytes the table implies. Only then
@@ -39,6 +40,7 @@ from fedsync.wire.errors import (
     SchemaRequired,
     TrailingBytes,
     TruncatedPayload,
+    UnexpectedCodec,
     UnknownCode,
     UnsupportedVersion,
 )
@@ -605,13 +607,21 @@ def _parse_table(
     payload: bytes | bytearray | memoryview | np.ndarray,
     limits: FrameLimits,
     expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
+    expected_codec: str | None = None,
 ) -> tuple[str, list[_Entry], Reader]:
-    """Check the envelope, the schema and the whole table; return a reader at the
-    data part, which is known to have exactly the bytes the table implies."""
+    """Check the envelope, the codec, the schema and the whole table; return a reader
+    at the data part, which is known to have exactly the bytes the table implies."""
     view = _as_view(payload)
     table = _check_envelope(view, limits)
     reader = Reader(view, HEADER_BYTES, len(view) - TRAILER_BYTES)
     codec = reader.text("codec", limits.max_codec_length, "max_codec_length")
+    if expected_codec is not None and codec != expected_codec:
+        raise UnexpectedCodec(
+            "the frame names another codec than the receiver expects",
+            field="codec",
+            expected=repr(expected_codec),
+            got=repr(codec),
+        )
     want = as_spec_list(expected) if expected is not None else None
     specs = _read_schema(reader, table, want, limits)
     formats = _read_formats(reader, len(specs), limits)
@@ -665,6 +675,7 @@ def decode_frame(
     *,
     limits: FrameLimits = DEFAULT_LIMITS,
     expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
+    expected_codec: str | None = None,
 ) -> tuple[str, list[CompressedTensor]]:
     """Decode and validate a frame.
 
@@ -680,6 +691,10 @@ def decode_frame(
         carries only its schema digest (else :class:`~fedsync.wire.SchemaRequired`);
         when given, the frame's digest or table must match them (else
         :class:`~fedsync.wire.SchemaMismatch`).
+    expected_codec : str, optional
+        The codec description the frame must carry, exactly; another raises
+        :class:`~fedsync.wire.UnexpectedCodec` as soon as it is read (after the
+        envelope, before the schema and the table). Default: any.
 
     Returns
     -------
@@ -696,7 +711,7 @@ def decode_frame(
         for any payload that is not a valid frame within ``limits``. Nothing else
         escapes for bad bytes.
     """
-    codec, entries, reader = _parse_table(payload, limits, expected)
+    codec, entries, reader = _parse_table(payload, limits, expected, expected_codec)
     return codec, [_decode_data(reader, entry) for entry in entries]
 
 

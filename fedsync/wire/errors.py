@@ -20,6 +20,7 @@ __all__ = [
     "SchemaRequired",
     "TrailingBytes",
     "TruncatedPayload",
+    "UnexpectedCodec",
     "UnknownCode",
     "UnorderedIndices",
     "UnsupportedVersion",
@@ -117,6 +118,12 @@ class IndexOutOfRange(PayloadError):
 
 class UnorderedIndices(PayloadError):
     """Decoded positions are not strictly increasing (out of order or duplicated)."""
+
+
+class UnexpectedCodec(PayloadError):
+    """A well-formed frame names a codec other than the one the receiver expects (a
+    reply in another codec than its task assigned). Raised on the frame's header,
+    before its schema, its table or any pipeline for that codec."""
 
 
 class SchemaMismatch(PayloadError):

@@ -30,6 +30,7 @@ from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunRecorder, read_events
 from fedsync.updates import SparseTensor, SparseUpdate, TensorSpec
+from fedsync.wire import UnexpectedCodec
 from server.checkpoint import AsyncCheckpoint
 from server.run_async import AsyncResult, run_async
 
@@ -37,8 +38,13 @@ SHAPES = {"layer.weight": (32, 16), "layer.bias": (16,)}
 
 
 # --- a dense stand-in for fedsync.codec.UpdateCodec (tests only) ----------------------------
+SPEC_KEY = "__spec__"
+"""The ``.npz`` entry holding the spec a :class:`DenseCodec` payload was encoded with."""
+
+
 class DenseCodec:
-    """Every value as float32 in an ``.npz``; ``decode`` checks names and shapes."""
+    """Every value as float32 in an ``.npz``, with the codec's spec (as a real frame
+    carries it); ``decode`` checks the spec (``own_spec_only``), names and shapes."""
 
     def __init__(self, spec: str) -> None:
         if "invalid" in spec:
@@ -48,16 +54,25 @@ class DenseCodec:
     def encode(self, update: Mapping[str, torch.Tensor]) -> bytes:
         buffer = io.BytesIO()
         arrays: dict[str, Any] = {k: v.detach().float().numpy() for k, v in update.items()}
+        arrays[SPEC_KEY] = np.array(self.spec)
         np.savez(buffer, **arrays)
         return buffer.getvalue()
 
     def decode(
-        self, payload: bytes, expected: Mapping[str, TensorSpec], *, device: Any = "cpu"
+        self,
+        payload: bytes,
+        expected: Mapping[str, TensorSpec],
+        *,
+        device: Any = "cpu",
+        own_spec_only: bool = False,
     ) -> SparseUpdate:
         try:
             arrays = dict(np.load(io.BytesIO(payload), allow_pickle=False))
         except Exception as err:
             raise ValueError(f"not an npz payload: {err}") from err
+        sent = str(arrays.pop(SPEC_KEY, ""))
+        if own_spec_only and sent != self.spec:
+            raise UnexpectedCodec("another codec", field="codec", expected=self.spec, got=sent)
         if set(arrays) != set(expected):
             raise ValueError(f"tensors {sorted(arrays)} != {sorted(expected)}")
         update = {}
@@ -117,11 +132,10 @@ class FakeClients:
         downlink = message.content.array_records[protocol.DOWNLINK]
         payload = downlink[protocol.PAYLOAD].numpy().tobytes()
         specs = {k: TensorSpec(k, s) for k, s in SHAPES.items()}
-        codec: Any = DenseCodec("client")
+        spec = str(config[protocol.UPLINK_CODEC])
+        codec: Any = DenseCodec(spec)
         if self.real:
-            codec = UpdateCodec(
-                str(config[protocol.UPLINK_CODEC]), seed=int(config[protocol.TASK_SEED])
-            )
+            codec = UpdateCodec(spec, seed=int(config[protocol.TASK_SEED]))
             if node in self.feedback:
                 codec.load_state(self.feedback[node])
         decoded = {k: t.to_dense() for k, t in codec.decode(payload, specs).items()}
@@ -138,6 +152,9 @@ class FakeClients:
         if mode == "shape":
             delta["layer.bias"] = torch.zeros(5)  # a shape the model does not have
         body = codec.encode(delta) if mode != "garbage" else b"\x00garbage\xff" * 7
+        if mode == "codec":  # a valid payload, of another codec than the task assigned
+            other = UpdateCodec("none+fp32") if self.real else DenseCodec(f"not {spec}")
+            body = other.encode(delta)
         if self.real:
             self.feedback[node] = codec.to_state()
         examples = 10 * (1 + identity % 3)
@@ -733,6 +750,37 @@ def test_real_codec_garbage_is_rejected(tmp_path: Path) -> None:
     details = {e["node"]: e["detail"] for e in of(events, "drop") if e["reason"] == "rejected"}
     assert set(details) == {104} and "decode failed" in details[104]
     assert result.summary["drops"]["rejected"] == 1 and result.version == 6
+
+
+@pytest.mark.parametrize("real_codec", [False, True])
+def test_a_valid_reply_in_another_codec_is_a_codec_mismatch(
+    tmp_path: Path, real_codec: bool
+) -> None:
+    """A well-formed payload of a codec the task did not assign: rejected as
+    ``codec-mismatch``, counted, never aggregated; the others' run goes on."""
+    nodes = NODES[:4]
+    hostile = nodes[0]
+    result, events, _, _ = run(
+        tmp_path,
+        "codec",
+        nodes=nodes,
+        behaviour={hostile: "codec"},
+        max_retries=1,
+        max_aggregations=6,
+        real_codec=real_codec,
+        **(REAL if real_codec else {}),
+    )
+    summary = result.summary
+    rejected = [e for e in of(events, "drop") if e["reason"] == "rejected"]
+    assert [(e["node"], e["rejection"]) for e in rejected] == [(hostile, "codec-mismatch")] * 2
+    assert all("codec mismatch" in e["detail"] for e in rejected)
+    assert summary["rejections"] == {"codec-mismatch": 2}
+    assert summary["drops"]["rejected"] == 2
+    assert summary["devices"][str(hostile)]["completed"] == 0
+    assert [e["node"] for e in of(events, "give-up")] == [hostile]
+    stale = summary["drops"].get("stale", 0)
+    assert summary["aggregated_updates"] == summary["arrivals"] - 2 - stale
+    assert result.version == 6 and summary["final_accuracy"] > result.evaluations[0]["accuracy"]
 
 
 def test_downlink_codec_with_error_feedback_is_refused(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ EXPECTED = {
     "inf": "decode:NonFiniteUpdate",
     "shape": "decode:UpdateMismatch",
     "norm": "norm",
+    "codec": "codec-mismatch",
 }
 
 
@@ -203,11 +204,35 @@ def test_corruptions_are_well_formed_where_they_should_be() -> None:
             UpdateCodec().decode(bad, SPECS)
 
 
+@pytest.mark.parametrize(
+    ("spec", "other"),
+    [("topk:0.1+uniform:8+ef", "none+fp32"), ("none+fp32", "none+fp16")],
+)
+def test_a_codec_fault_is_a_valid_frame_of_another_codec(spec: str, other: str) -> None:
+    """The frame decodes, to the honest update, for a receiver that takes any codec; the
+    server's (``own_spec_only``) refuses it on its header."""
+    from fedsync.wire import UnexpectedCodec, inspect_frame
+
+    delta = {name: torch.randn(shape) * 0.01 for name, shape in SHAPES.items()}
+    honest = UpdateCodec(spec, seed=1).encode(delta)
+    frame = FaultInjector(("codec",)).corrupt("codec", honest, delta, spec, seed=1)
+    assert inspect_frame(frame, expected=SPECS)[0] == other
+    assigned = UpdateCodec(spec)
+    decoded = assigned.decode(frame, SPECS)
+    for name, tensor in delta.items():
+        exact = tensor if other == "none+fp32" else tensor.half().float()
+        assert torch.equal(decoded[name].to_dense(), exact), name
+    with pytest.raises(UnexpectedCodec) as info:
+        assigned.decode(frame, SPECS, own_spec_only=True)
+    assert info.value.expected == repr(assigned.spec) and info.value.got == repr(other)
+    assigned.decode(honest, SPECS, own_spec_only=True)  # the honest frame still passes
+
+
 def test_faults_still_reach_the_server_after_a_pruning_cut() -> None:
     """After a cut the task's spec names masks (``mask:digest=...``): the re-encoding
     faults use them, so the node sends a bad frame instead of failing the task."""
     from fedsync.compression.pruning import magnitude_masks, mask_digest, masked_spec
-    from fedsync.wire import PayloadError
+    from fedsync.wire import PayloadError, UnexpectedCodec
 
     delta = {name: torch.randn(shape) * 0.01 for name, shape in SHAPES.items()}
     masks = magnitude_masks({name: torch.randn(shape) for name, shape in SHAPES.items()}, 0.8)
@@ -222,3 +247,7 @@ def test_faults_still_reach_the_server_after_a_pruning_cut() -> None:
     for kind in ("shape", "nan"):
         with pytest.raises(PayloadError):
             server.decode(injector.corrupt(kind, honest, delta, spec, 1, masks), SPECS)
+    other = injector.corrupt("codec", honest, delta, spec, 1, masks)
+    assert server.decode(other, SPECS)  # well-formed: only the task's codec refuses it
+    with pytest.raises(UnexpectedCodec):
+        UpdateCodec(spec, masks=masks).decode(other, SPECS, own_spec_only=True)

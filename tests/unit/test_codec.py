@@ -23,7 +23,9 @@ from fedsync.codec import (
     specs_of,
 )
 from fedsync.compression import (
+    BuildContext,
     NonFiniteInputError,
+    Pipeline,
     PipelineConfig,
     SpecError,
     TopKConfig,
@@ -35,7 +37,7 @@ from fedsync.compression import (
 from fedsync.compression.pipeline import flatten
 from fedsync.compression.seeding import derive_seed
 from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
-from fedsync.wire import SchemaRequired, decode_frame, encode_frame
+from fedsync.wire import SchemaRequired, UnexpectedCodec, decode_frame, encode_frame
 from kernels.dispatch import TorchBackend, register_backend
 
 SPARSIFIERS = [
@@ -217,6 +219,53 @@ def test_per_task_density_and_bits_decode_with_any_codec() -> None:
     assert stats.dense_bytes == 4 * sum(t.numel() for t in update.values())
     assert stats.compression_ratio == pytest.approx(stats.dense_bytes / len(payload))
     assert set(stats.as_dict()) >= {"payload_bytes", "nnz", "density", "compression_ratio"}
+
+
+def test_own_spec_only_refuses_other_codecs_on_the_header(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The receiver that assigned a spec takes frames of that spec (written any way that
+    parses to it) and refuses any other before its schema or a pipeline for it."""
+    import fedsync.codec
+
+    update = sample_update()
+    specs = specs_of(update)
+    task = UpdateCodec("TOPK:0.050+uniform:8+ef")  # not canonical: the codec's spec is
+    assert task.spec == "topk:0.05+uniform:8+ef"
+    own = UpdateCodec("topk:0.05+uniform:8+ef", seed=2).encode(update)
+    no_ef = UpdateCodec("topk:0.05+uniform:8", seed=2).encode(update)  # same values
+    denser = task.with_density(0.1).encode(update)
+    wrong_model = UpdateCodec("none+fp16").encode({"other": torch.zeros(3)})
+    built: list[str] = []
+    build = fedsync.codec.build_pipeline
+
+    def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
+        built.append(config.to_spec())
+        return build(config, context)
+
+    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    assert task.decode(own, specs, own_spec_only=True)["layer.weight"].nnz > 0
+    for frame, got in (
+        (no_ef, "topk:0.05+uniform:8"),
+        (denser, "topk:0.1+uniform:8+ef"),
+        (wrong_model, "none+fp16"),  # the codec is read first: not an UpdateMismatch
+    ):
+        with pytest.raises(UnexpectedCodec) as info:
+            task.decode(frame, specs, own_spec_only=True)
+        assert info.value.field == "codec" and info.value.got == repr(got)
+        assert info.value.expected == repr(task.spec)
+    assert built == ["topk:0.05+uniform:8+ef"]  # the decoder of the task's spec, once
+    assert task.decode(denser, specs)["layer.weight"].nnz > 0  # without it: any codec
+
+
+def test_decode_frame_checks_the_codec_before_the_schema() -> None:
+    payload = UpdateCodec("topk:0.05+uniform:8").encode(sample_update())
+    codec, _ = decode_frame(payload, expected_codec="topk:0.05+uniform:8")
+    assert codec == "topk:0.05+uniform:8"
+    with pytest.raises(UnexpectedCodec, match="another codec"):
+        decode_frame(payload, expected_codec="none+fp32")
+    with pytest.raises(UnexpectedCodec):  # the schema would not match either
+        decode_frame(payload, expected={"x": TensorSpec("x", (2,))}, expected_codec="x")
 
 
 def test_typed_config_and_spec_give_the_same_bytes() -> None:

@@ -19,7 +19,14 @@ from fedsync.compression import (
     SpecError,
     UnknownCodec,
 )
-from fedsync.compression.sparsifiers.dct import chunk_counts, dct_matrix
+from fedsync.compression.sparsifiers import dct
+from fedsync.compression.sparsifiers.dct import (
+    MATRIX_CACHE_BYTES,
+    MAX_CHUNK,
+    DCTMatrixCache,
+    chunk_counts,
+    dct_matrix,
+)
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import PayloadError, decode_frame, encode_frame
 
@@ -53,6 +60,57 @@ def test_dct_matrix_is_orthonormal_and_matches_scipy() -> None:
         x = np.random.default_rng(n).standard_normal(n)
         ours = (d @ torch.from_numpy(x)).numpy()
         assert np.allclose(ours, scipy.fft.dct(x, type=2, norm="ortho"), atol=1e-5)
+
+
+def test_dct_matrix_is_built_exactly_as_in_one_float64_product() -> None:
+    """Built a block of rows at a time, each entry is still the one float64 formula
+    rounded once: the same bytes on every machine, whatever the block size."""
+    for n in (1, 3, 255, 256, 300, 513):
+        freq = np.arange(n, dtype=np.float64)[:, None]
+        pos = np.arange(n, dtype=np.float64)[None, :]
+        want = np.cos(np.pi * (2.0 * pos + 1.0) * freq / (2.0 * n)) * np.sqrt(2.0 / n)
+        want[0, :] /= np.sqrt(2.0)
+        got = DCTMatrixCache().get(n)
+        assert torch.equal(got, torch.from_numpy(want.astype(np.float32))), n
+
+
+def test_matrix_cache_is_bounded_in_bytes_and_evicts_the_least_recently_used() -> None:
+    size = {n: 4 * n * n for n in (64, 48, 32, 40)}
+    cache = DCTMatrixCache(max_bytes=size[64] + size[48] + size[32])
+    a, _, _ = cache.get(64), cache.get(48), cache.get(32)
+    assert cache.nbytes == size[64] + size[48] + size[32] and len(cache) == 3
+    assert cache.get(64) is a  # a hit, and now the most recently used
+    cache.get(40)  # no room: 48, the least recently used, makes way
+    assert cache.nbytes == size[64] + size[32] + size[40] and len(cache) == 3
+    assert cache.get(64) is a
+    cache.get(48)  # 32, then 40 make way; 64 was used last
+    assert cache.nbytes == size[64] + size[48] <= cache.max_bytes and len(cache) == 2
+    assert cache.get(64) is a
+    cache.clear()
+    assert cache.nbytes == 0 and len(cache) == 0
+
+
+def test_matrix_cache_checks_the_size_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(n: int) -> torch.Tensor:
+        raise AssertionError(f"built a {n} x {n} matrix")
+
+    monkeypatch.setattr(dct, "_build_matrix", refuse)
+    cache = DCTMatrixCache()
+    for n in (0, -1, MAX_CHUNK + 1, 1 << 20, True, 2.0):
+        with pytest.raises(ValueError, match=f"in \\[1, {MAX_CHUNK}\\]"):
+            cache.get(n)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        dct_matrix(MAX_CHUNK + 1)
+    assert len(cache) == 0
+
+
+def test_a_matrix_larger_than_the_budget_is_returned_not_kept() -> None:
+    small = DCTMatrixCache(max_bytes=4 * 16 * 16)
+    small.get(16)
+    big = small.get(17)
+    assert big.shape == (17, 17) and small.nbytes == 4 * 16 * 16 and len(small) == 1
+    # the shared cache holds the largest matrix a spec may name and a shorter one, no more
+    assert dct.MATRICES.max_bytes == MATRIX_CACHE_BYTES == 8 * MAX_CHUNK * MAX_CHUNK == 128 << 20
 
 
 @settings(max_examples=40, deadline=None)

@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+import fedsync.codec
 from fedsync.codec import UpdateCodec
+from fedsync.compression import BuildContext, Pipeline, PipelineConfig
+from fedsync.compression.sparsifiers import dct
 from fedsync.config import RunConfig
-from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.engine import AggregationEngine, Rejection, TaskPlan, Verdict
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
-from fedsync.wire import encode_frame
+from fedsync.wire import BadMagic, UnexpectedCodec, encode_frame
 
 SHAPES = {"w": (6, 4), "b": (4,)}
 SPECS = {name: TensorSpec(name, shape) for name, shape in SHAPES.items()}
@@ -105,6 +108,77 @@ def test_rejected_replies_leave_the_model_untouched(payload: bytes, kind: str) -
     assert verdict.status == "rejected" and verdict.kind.startswith(kind)
     assert engine.version == 0 and engine.rejections[verdict.kind] == 1
     assert all(torch.equal(before[n], engine.state[n]) for n in SHAPES)
+
+
+@pytest.mark.parametrize("other", ["none+fp32", "dct:8,chunk=4096+fp32"])
+def test_a_valid_frame_of_another_codec_is_a_codec_mismatch(
+    other: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A well-formed frame the task did not assign: refused on its header (no pipeline
+    built for it, no DCT matrix), counted, the model untouched; the run goes on."""
+    engine = engine_for(strategy="fedasync", uplink_codec="topk:0.5+uniform:8+ef")
+    plan, honest_plan = engine.plan_task(1, 1), engine.plan_task(2, 2)
+    assert plan.uplink_spec == "topk:0.5+uniform:8+ef"
+    payload = UpdateCodec(other).encode(ones(1.0))
+    assert UpdateCodec(plan.uplink_spec).decode(payload, SPECS)  # valid: any codec takes it
+    honest = reply(honest_plan, ones(1.0))
+    built: list[str] = []
+    build = fedsync.codec.build_pipeline
+
+    def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
+        built.append(config.to_spec())
+        return build(config, context)
+
+    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    matrices = dct.MATRICES.nbytes, len(dct.MATRICES)
+    before = {name: t.clone() for name, t in engine.state.items()}
+    engine.arrived(plan, len(payload))
+    verdict = engine.receive(plan, payload, 10)
+    assert verdict.status == "rejected" and verdict.rejection is not None
+    assert verdict.rejection.kind == Rejection.CODEC_MISMATCH == "codec-mismatch"
+    assert repr(other) in verdict.rejection.detail
+    assert repr(plan.uplink_spec) in verdict.rejection.detail
+    assert built == [] and (dct.MATRICES.nbytes, len(dct.MATRICES)) == matrices
+    assert engine.rejections == {"codec-mismatch": 1}
+    assert engine.tally.drops == {"rejected": 1} and engine.tally.aggregated == 0
+    assert engine.version == 0
+    assert all(torch.equal(before[n], engine.state[n]) for n in SHAPES)
+    assert engine.describe()["rejections"] == {"codec-mismatch": 1}
+    # the run goes on: an honest reply in the task's codec is aggregated
+    engine.arrived(honest_plan, 1)
+    assert engine.receive(honest_plan, honest, 10).status == "aggregated"
+    assert engine.version == 1 and built == [honest_plan.uplink_spec]  # its decoder only
+
+
+def test_rejections_are_typed_values() -> None:
+    mismatch = UnexpectedCodec("another codec", field="codec", expected="'a'", got="'b'")
+    assert Rejection.decode_failed(mismatch) == Rejection(
+        "codec-mismatch", f"codec mismatch: {mismatch}"
+    )
+    magic = BadMagic("not a fedsync frame", field="magic")
+    assert Rejection.decode_failed(magic) == Rejection(
+        "decode:BadMagic", f"decode failed: BadMagic: {magic}"
+    )
+    assert Rejection.decode_failed(KeyError("w")).kind == "decode:KeyError"
+    rejected = Verdict("rejected", 2, rejection=Rejection(Rejection.NORM, "too large"))
+    assert (rejected.kind, rejected.why) == ("norm", "too large")
+    assert (Verdict("buffered", 0).kind, Verdict("buffered", 0).why) == ("", "")
+    with pytest.raises(ValueError, match="rejection"):
+        Verdict("rejected", 0)
+    with pytest.raises(ValueError, match="rejection"):
+        Verdict("stale", 0, rejection=Rejection(Rejection.MALFORMED, "x"))
+
+
+def test_malformed_and_refused_replies_are_counted_by_their_kind() -> None:
+    engine = engine_for(strategy="teasq", buffer_size=1)
+    plans = [engine.plan_task(1, n) for n in (1, 2)]
+    for plan in plans:
+        engine.arrived(plan, 1)
+    malformed = engine.receive(plans[0], b"", 10, malformed="no payload array")
+    assert malformed.rejection == Rejection("malformed", "no payload array")
+    refused = engine.receive(plans[1], reply(plans[1], ones(1.0)), 0)  # TEASQ needs examples
+    assert refused.kind == "malformed" and "num-examples" in refused.why
+    assert engine.rejections == {"malformed": 2} and engine.version == 0
 
 
 def test_the_staleness_gate_drops_and_counts() -> None:

@@ -322,7 +322,8 @@ def test_an_update_for_other_masks_is_rejected_and_the_model_untouched() -> None
         {name: torch.full(shape, 0.1) for name, shape in SHAPES.items()}
     )
     verdict = engine.receive(plan, payload, 10)
-    assert verdict.status == "rejected" and verdict.kind == "decode:UnknownCodec"
+    # The frame names other masks, so another codec than the task's: refused on its header.
+    assert verdict.status == "rejected" and verdict.kind == "codec-mismatch"
     assert mask_digest(other) in verdict.why
     assert all(torch.equal(engine.trained[n], before[n]) for n in before)
 

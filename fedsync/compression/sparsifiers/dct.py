@@ -19,9 +19,10 @@ needs one ``chunk x chunk`` matrix instead of two.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import numpy as np
 import torch
@@ -33,10 +34,20 @@ from fedsync.compression.registry import register
 from fedsync.compression.transform import TransformSparsifier
 from fedsync.updates import TensorSpec
 
-__all__ = ["DCTConfig", "DCTTopK", "chunk_counts", "dct_matrix"]
+__all__ = ["DCTConfig", "DCTMatrixCache", "DCTTopK", "chunk_counts", "dct_matrix"]
 
 MAX_CHUNK = 4096
 """Largest chunk (its DCT matrix has ``chunk**2`` float32 entries: 64 MiB)."""
+
+MATRIX_CACHE_BYTES: Final = 2 * 4 * MAX_CHUNK * MAX_CHUNK
+"""Bytes of DCT matrices kept, over every size and device together (128 MiB): the
+largest matrix fits with room for the shorter last chunk's, so a ``chunk=4096`` encode
+of tensors that leave a tail does not rebuild the large one each time; least recently
+used ones make room for a new one."""
+
+_BUILD_ROWS = 256
+"""Rows of a matrix computed at once (in float64): bounds the work memory of a build
+to a few ``_BUILD_ROWS x n`` arrays besides the float32 result."""
 
 
 @register()
@@ -80,36 +91,103 @@ class DCTConfig(SparsifierConfig):
         return DCTTopK(self)
 
 
-@lru_cache(maxsize=16)
-def _dct_host(n: int) -> torch.Tensor:
+def _build_matrix(n: int) -> torch.Tensor:
     """Orthonormal DCT-II matrix of size ``n`` (rows: frequencies), float32 on CPU.
 
-    Computed in float64 and rounded once, so it is the same on every machine.
+    Computed in float64 and rounded once, so it is the same on every machine; a block
+    of rows at a time, so the float64 work arrays stay small whatever ``n``.
     """
-    freq = np.arange(n, dtype=np.float64)[:, None]
+    out = torch.empty((n, n), dtype=torch.float32)
     pos = np.arange(n, dtype=np.float64)[None, :]
-    matrix = np.cos(np.pi * (2.0 * pos + 1.0) * freq / (2.0 * n)) * math.sqrt(2.0 / n)
-    matrix[0, :] /= math.sqrt(2.0)
-    return torch.from_numpy(matrix.astype(np.float32))
+    for start in range(0, n, _BUILD_ROWS):
+        freq = np.arange(start, min(start + _BUILD_ROWS, n), dtype=np.float64)[:, None]
+        rows = np.cos(np.pi * (2.0 * pos + 1.0) * freq / (2.0 * n)) * math.sqrt(2.0 / n)
+        if start == 0:
+            rows[0, :] /= math.sqrt(2.0)
+        out[start : start + len(freq)] = torch.from_numpy(rows.astype(np.float32))
+    return out
+
+
+class DCTMatrixCache:
+    """DCT matrices by (size, device), bounded in bytes, least recently used evicted.
+
+    The size is checked before anything is built: no larger than :data:`MAX_CHUNK`
+    (what a spec may name), and room is made before the new matrix is built. A matrix
+    larger than the whole budget is built and returned but not kept. Thread-safe.
+
+    Parameters
+    ----------
+    max_bytes : int
+        The most bytes kept, over every size and device together.
+    """
+
+    def __init__(self, max_bytes: int = MATRIX_CACHE_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._matrices: OrderedDict[tuple[int, torch.device], torch.Tensor] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._matrices)
+
+    def get(self, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The orthonormal DCT-II matrix of size ``n`` on ``device``, float32.
+
+        Raises
+        ------
+        ValueError
+            If ``n`` is not in ``[1, MAX_CHUNK]`` (checked before anything is built).
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHUNK:
+            raise ValueError(f"a DCT matrix size must be an int in [1, {MAX_CHUNK}], got {n!r}")
+        key = (n, torch.device(device))
+        nbytes = 4 * n * n
+        with self._lock:
+            matrix = self._matrices.get(key)
+            if matrix is not None:
+                self._matrices.move_to_end(key)
+                return matrix
+            keep = nbytes <= self.max_bytes
+            while keep and self._bytes + nbytes > self.max_bytes:
+                _, evicted = self._matrices.popitem(last=False)
+                self._bytes -= 4 * evicted.numel()
+            matrix = _build_matrix(n).to(key[1])
+            if keep:
+                self._matrices[key] = matrix
+                self._bytes += nbytes
+            return matrix
+
+    def clear(self) -> None:
+        """Drop every matrix."""
+        with self._lock:
+            self._matrices.clear()
+            self._bytes = 0
 
 
 MAX_DENSE_NUMEL = 1 << 28
 """Largest tensor a receiver rebuilds (the inverse transform is dense): 1 GiB of float32."""
 
-_DEVICE_CACHE: dict[tuple[int, torch.device], torch.Tensor] = {}
+MATRICES = DCTMatrixCache()
+"""The matrices every DCT sparsifier shares (:data:`MATRIX_CACHE_BYTES` at most)."""
 
 
 def dct_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The orthonormal DCT-II matrix ``D`` of size ``n`` on ``device`` (``D @ D.T == I``)."""
-    device = torch.device(device)
-    key = (n, device)
-    matrix = _DEVICE_CACHE.get(key)
-    if matrix is None:
-        matrix = _dct_host(n).to(device)
-        if len(_DEVICE_CACHE) >= 16:  # tails of odd lengths must not grow it without bound
-            _DEVICE_CACHE.pop(next(iter(_DEVICE_CACHE)))
-        _DEVICE_CACHE[key] = matrix
-    return matrix
+    """The orthonormal DCT-II matrix ``D`` of size ``n`` on ``device`` (``D @ D.T == I``),
+    from :data:`MATRICES`.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not in ``[1, MAX_CHUNK]``.
+    """
+    return MATRICES.get(n, device)
 
 
 def chunk_counts(numel: int, chunk: int, k: int) -> tuple[int, int, int]:
