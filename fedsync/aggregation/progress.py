@@ -7,16 +7,18 @@ when they cross the (simulated) link: downlink at dispatch, uplink at arrival.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from logging import WARNING
 from typing import Any
-
-from flwr.common.logger import log
 
 from fedsync.aggregation.health import TrainingHealth
 
 __all__ = ["RunTally", "TargetReached"]
+
+_LOG = logging.getLogger("flwr")
+"""Flower's logger by name (its handlers, when the process runs Flower), without
+importing Flower: the engine stays free of it."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class RunTally:
         verdict = self.health.observe(self.evaluations)
         if verdict is not None:
             entry["health_warning"] = verdict.message
-            log(WARNING, "[fedsync] %s: %s", verdict.status, verdict.message)
+            _LOG.warning("[fedsync] %s: %s", verdict.status, verdict.message)
         return entry
 
     def summary(self) -> dict[str, Any]:
