@@ -122,7 +122,7 @@ def _synthetic(name: str, label: str, **fixed: Any) -> DatasetInfo:
     )
 
 
-IMAGE_TRAINING = LocalTraining(learning_rate=0.01, local_epochs=1)
+IMAGE_TRAINING = LocalTraining(learning_rate=0.05, local_epochs=1)
 """MNIST and Fashion-MNIST (LeNet-5)."""
 SYNTHETIC_TRAINING = LocalTraining(learning_rate=0.1, local_epochs=1, partitioning="natural")
 """The FedProx synthetic sets (logistic regression), split by generating client."""
@@ -164,7 +164,7 @@ _REGISTRY: dict[str, DatasetInfo] = {
             description="Tiny Shakespeare next-character prediction, one client per role",
             files={"text": shakespeare.FILE_NAMES},
             remote=shakespeare.REMOTE_FILES,
-            training=LocalTraining(learning_rate=1.0, local_epochs=1, partitioning="natural"),
+            training=LocalTraining(learning_rate=0.1, local_epochs=1, partitioning="natural"),
         ),
         # "synthetic" takes alpha/beta as options (default 1, 1); the variants fix them
         # so a run config can name the paper's settings with the dataset key alone.
