@@ -116,17 +116,19 @@ def table(document: dict[str, Any]) -> str:
     from fedsync.models import default_model_for
 
     lines = [
-        "| dataset | `auto` model | learning-rate | local-epochs | partitioning | "
+        "| dataset | model (`auto`) | learning-rate | local-epochs | partitioning | chance | "
         "TEASQ, these defaults | TEASQ, lr 0.1 x 3 epochs | FedAvg, these defaults |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     runs = document.get("runs", [])
     for dataset in CANDIDATES:
         auto = dataset_info(dataset).training
         lr, epochs = auto.learning_rate, auto.local_epochs
+        chances = [r["chance_accuracy"] for r in runs if r["run_config"]["dataset"] == dataset]
+        chance = f"{chances[0]:.3f}" if chances and chances[0] is not None else "?"
         lines.append(
-            f"| `{dataset}` | `{default_model_for(dataset)}` | {lr} | {epochs} | "
-            f"`{auto.partitioning}` | {measured(runs, dataset, 'teasq', lr, epochs)} | "
+            f"| {dataset} | {default_model_for(dataset)} | {lr} | {epochs} | "
+            f"{auto.partitioning} | {chance} | {measured(runs, dataset, 'teasq', lr, epochs)} | "
             f"{measured(runs, dataset, 'teasq', 0.1, 3)} | "
             f"{measured(runs, dataset, 'fedavg', lr, epochs)} |"
         )

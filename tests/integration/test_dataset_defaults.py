@@ -24,24 +24,27 @@ from tests.integration.conftest import PROJECT_ROOT, live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
-LENGTH: dict[str, dict[str, Any]] = {
-    "digits": {"max-aggregations": 12, "eval-every": 3},
-    "mnist": {"max-aggregations": 9, "eval-every": 3},
-    "fashion-mnist": {"max-aggregations": 9, "eval-every": 3},
-    "shakespeare": {"max-aggregations": 9, "eval-every": 3},
-    "synthetic": {"max-aggregations": 12, "eval-every": 3},
+LENGTH: dict[str, int] = {
+    "digits": 12,
+    "mnist": 8,
+    "fashion-mnist": 8,
+    "shakespeare": 8,
+    "synthetic": 12,
 }
-"""How long each dataset's CI run is (aggregations of K = 3 updates)."""
+"""Aggregations (of K = 3 updates) of each dataset's CI run, evaluated every 2."""
 
 LEARNED_ABOVE_CHANCE: dict[str, float] = {
     "digits": 0.3,
     "mnist": 0.3,
     "fashion-mnist": 0.3,
-    "shakespeare": 0.05,
-    "synthetic": 0.1,
+    "shakespeare": 0.1,
+    "synthetic": 0.2,
 }
-"""How far above chance (the most frequent class's share) the final accuracy must be;
-measured values in the closing comment of each case."""
+"""How far above chance (the most frequent class's share) the final accuracy must be.
+The virtual clock makes these runs deterministic; the same runs at 20 aggregations
+(``benchmarks/results/dataset_defaults.json``) were, at these lengths, 0.672 (digits),
+0.843 (mnist), 0.579 (fashion-mnist), 0.179 (shakespeare) and 0.345 (synthetic) above
+chance, with the final test loss below the initial one."""
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,8 @@ def test_each_bundled_dataset_learns_with_the_quickstart_settings(
         {
             "dataset": dataset,
             "data-dir": str(shared_data_dir),
-            **LENGTH[dataset],
+            "max-aggregations": LENGTH[dataset],
+            "eval-every": 2,
             "plots": False,
             "results-dir": str(results),
             "run-name": dataset,
