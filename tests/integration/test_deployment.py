@@ -90,11 +90,11 @@ def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
 def test_a_run_whose_nodes_all_fail_alike_fails_and_names_the_error(
     tmp_path: Path, project_root: Path
 ) -> None:
-    """Two SuperNodes started with a partition id their num-partitions cannot hold: every
-    task fails on every node with the same error. The run must end failed (not as a
-    completed run with exit 0), its status details and summary naming that error."""
+    """Two SuperNodes started with the same partition id, one their num-partitions cannot
+    hold: every task fails on every node with the same error. The run must end failed
+    (not as a completed run with exit 0), its status details and summary naming it."""
     results = tmp_path / "results"
-    nodes = [{"partition-id": 2 + i, "num-partitions": 2} for i in range(2)]
+    nodes = [{"partition-id": 5, "num-partitions": 2} for _ in range(2)]
     deployment = LocalDeployment(tmp_path / "run", nodes)
     deployment.start()
     pids = deployment.pids()
@@ -117,7 +117,8 @@ def test_a_run_whose_nodes_all_fail_alike_fails_and_names_the_error(
     assert live_group_members(pids) == []
     assert outcome.status == "finished:failed", f"{outcome.status} {outcome.output[-3000:]}"
     expected = "every one failed with the same error: clientapp-exception (code 2)"
-    assert expected in outcome.details and "partition-id must be in [0" in outcome.details
+    assert expected in outcome.details, outcome.details
+    assert "partition-id must be in [0, num-partitions=2), got 5" in outcome.details
     summary = json.loads((results / "broken" / "summary.json").read_text())
     assert summary["stop_reason"] == "no-devices-left" and summary["aggregations"] == 0
     assert expected in summary["failure"]

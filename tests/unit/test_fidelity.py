@@ -100,7 +100,9 @@ def _scenario(**changes: object) -> dict[str, object]:
 
 def test_setup_defaults_come_from_the_scenario_and_the_app() -> None:
     setup = FidelitySetup.from_scenario(parse_scenario(_scenario()))
-    assert setup.epochs == app_run_config_defaults()["local-epochs"]
+    # The app's default local-epochs (0: the dataset's) as the typed config reads it.
+    defaults = RunConfig.from_run_config(app_run_config_defaults())
+    assert setup.epochs == defaults.training.local_epochs == 3
     assert setup.timeout == 900.0 and setup.target == 0.6
 
 
