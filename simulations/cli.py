@@ -116,6 +116,17 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+AllowDivergence = Annotated[
+    bool,
+    typer.Option(
+        "--allow-divergence",
+        help="exit 0, not 3, even when a run diverged or stayed at chance",
+        show_default=False,
+    ),
+]
+"""The opt-out of the non-zero exit for a run that did not learn (run and compare)."""
+
+
 @app.command()
 def run(
     run_config: Annotated[
@@ -135,14 +146,7 @@ def run(
     quiet: Annotated[
         bool, typer.Option(help="do not stream the run's log", show_default=False)
     ] = False,
-    allow_divergence: Annotated[
-        bool,
-        typer.Option(
-            "--allow-divergence",
-            help="exit 0 even when the run diverged or stayed at chance",
-            show_default=False,
-        ),
-    ] = False,
+    allow_divergence: AllowDivergence = False,
 ) -> None:
     """One simulation of the app (the defaults: fedsync's TEASQ mode on digits).
 
@@ -208,14 +212,7 @@ def compare(
     verbose: Annotated[
         bool, typer.Option(help="stream every run's log", show_default=False)
     ] = False,
-    allow_divergence: Annotated[
-        bool,
-        typer.Option(
-            "--allow-divergence",
-            help="exit 0 even when a run diverged or stayed at chance",
-            show_default=False,
-        ),
-    ] = False,
+    allow_divergence: AllowDivergence = False,
 ) -> None:
     """Run every strategy of SCENARIO (a shipped scenario name or a .toml path) on the
     simulation engine and compare them.
