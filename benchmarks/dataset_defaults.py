@@ -110,8 +110,8 @@ def measured(
 
 
 def table(document: dict[str, Any]) -> str:
-    """The README's table of per-dataset defaults: the registry's values beside what the
-    committed runs measured with them and with the app's old defaults (0.1, 3)."""
+    """docs/configuration.md's table of per-dataset defaults: the registry's values beside
+    what the committed runs measured with them and with the app's old defaults (0.1, 3)."""
     from fedsync.data.registry import dataset_info
     from fedsync.models import default_model_for
 
@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results/dataset_defaults.json")
     parser.add_argument(
-        "--table", action="store_true", help="print the README table from --out and exit"
+        "--table",
+        action="store_true",
+        help="print docs/configuration.md's table from --out and exit",
     )
     args = parser.parse_args(argv)
     if args.table:

@@ -9,7 +9,7 @@ scenario runner all take a :class:`RunConfig`.
 
 A value of the wrong type or out of range fails at start-up, naming the key; an unknown
 key is named with the closest valid one (:func:`check_keys`). A test keeps
-``pyproject.toml`` and the README's tables in step with :func:`declared_keys`.
+``pyproject.toml`` and the tables in docs/ in step with :func:`declared_keys`.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class SettingsError(ValueError):
 
 
 def key(default: ConfigValue, help: str) -> Any:
-    """A run-config key: its default and its one-line help (the README's table)."""
+    """A run-config key: its default and its one-line help (the tables in docs/)."""
     return field(default=default, metadata={"help": help})
 
 
@@ -150,17 +150,17 @@ class TrainingSection(Section):
     partitioning: str = key(
         "auto",
         "`iid`, `dirichlet` (label skew), `shards` (n classes per client), "
-        "`natural` (by speaker/client); `auto`: the dataset's (README table)",
+        "`natural` (by speaker/client); `auto`: the dataset's",
     )
     dirichlet_alpha: float = key(
         0.5, "concentration of the Dirichlet label skew (smaller: more skewed)"
     )
     shards_per_client: int = key(2, "shards per client for `shards`")
-    local_epochs: int = key(0, "local epochs per task; 0: the dataset's (README table)")
+    local_epochs: int = key(0, "local epochs per task; 0: the dataset's")
     local_steps: int = key(0, "cap on local optimizer steps per task (0: no cap)")
     batch_size: int = key(32, "local batch size")
     learning_rate: float = key(
-        0.0, "local learning rate (SGD or AdamW); 0: the dataset's (README table; AdamW: 0.001)"
+        0.0, "local learning rate (SGD or AdamW); 0: the dataset's (AdamW: 0.001)"
     )
     momentum: float = key(0.9, "local SGD momentum (client-optimizer = sgd)")
     client_optimizer: str = key(
@@ -687,7 +687,7 @@ SECTIONS: tuple[tuple[str, type[Section]], ...] = (
     ("checkpoints", CheckpointSection),
     ("guard", GuardSection),
 )
-"""The sections of :class:`RunConfig`, by attribute name, in the README's order."""
+"""The sections of :class:`RunConfig`, by attribute name, in docs/configuration.md's order."""
 
 STRATEGY_HELP = (
     "`fedavg`: Flower's own FedAvg, dense float32 (the baseline); any other name is one of "

@@ -11,7 +11,7 @@ environment places its ClientApp actors on every node of that cluster
 --block`` (the command stays in the foreground, owns its node's daemons and stops them
 when it ends), its own ports, CPUs and a custom resource ``node-<name>``. It is what the
 tests and a single-machine trial use; on real machines each runs its own ``ray start``
-(README "Simulation on a Ray cluster"). Stopping is by pid: the tree of every node
+(docs/deployment.md, "Simulation on a Ray cluster"). Stopping is by pid: the tree of every node
 command, never ``ray stop``, which would end every Ray process of the user on the
 machine, other people's clusters included.
 """

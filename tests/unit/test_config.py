@@ -1,7 +1,7 @@
-"""One run-config reader: pyproject, the README's tables and the reader agree.
+"""One run-config reader: pyproject, the tables of docs/ and the reader agree.
 
 ``[tool.flwr.app.config]`` in ``pyproject.toml`` is what Flower hands the apps, the
-README's ``| key | default | meaning |`` tables are what users read, and
+the ``| key | default | meaning |`` tables of docs/ are what users read, and
 :func:`fedsync.config.declared_keys` is what the code reads: a key or a default that
 differs in one of them fails here.
 """
@@ -22,7 +22,7 @@ ROW = re.compile(r"^\| `([a-z0-9-]+)` \| `([^`]*)` \| (.+) \|$")
 
 
 def toml_literal(value: ConfigValue) -> str:
-    """A default as the README writes it: a TOML literal."""
+    """A default as the docs write it: a TOML literal."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -30,14 +30,16 @@ def toml_literal(value: ConfigValue) -> str:
     return repr(value)
 
 
-def readme_rows() -> dict[str, tuple[str, str]]:
+def documented_rows() -> dict[str, tuple[str, str]]:
+    """Every ``| key | default | meaning |`` row of the guides in ``docs/``."""
     rows: dict[str, tuple[str, str]] = {}
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
-        match = ROW.match(line)
-        if match:
-            key, default, meaning = match.groups()
-            assert key not in rows, f"README documents '{key}' twice"
-            rows[key] = (default, meaning)
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = ROW.match(line)
+            if match:
+                key, default, meaning = match.groups()
+                assert key not in rows, f"docs/ document '{key}' twice"
+                rows[key] = (default, meaning)
     return rows
 
 
@@ -50,8 +52,8 @@ def test_pyproject_declares_every_key_with_the_readers_default() -> None:
         assert app[key] == info.default and type(app[key]) is type(info.default), key
 
 
-def test_the_readme_tables_document_every_key_with_its_default_and_help() -> None:
-    rows = readme_rows()
+def test_the_docs_tables_document_every_key_with_its_default_and_help() -> None:
+    rows = documented_rows()
     declared = declared_keys()
     assert sorted(rows) == sorted(declared)
     for key, info in declared.items():
@@ -116,13 +118,13 @@ def test_an_unknown_server_update_transform_is_a_settings_error() -> None:
         RunConfig.from_run_config({"server-update-transform": "median"})
 
 
-def test_the_readme_table_of_dataset_defaults_is_generated_from_the_registry_and_results() -> None:
+def test_the_docs_table_of_dataset_defaults_is_generated_from_the_registry_and_results() -> None:
     # One place per fact: the registry holds the values, the committed JSON what they
-    # measured; the README shows `python -m benchmarks.dataset_defaults --table`.
+    # measured; docs/configuration.md shows `python -m benchmarks.dataset_defaults --table`.
     from benchmarks.dataset_defaults import table
     from fedsync.reports import RunSummary
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     block = text.split("<!-- dataset-defaults:start -->\n", 1)[1]
     block = block.split("<!-- dataset-defaults:end -->", 1)[0]
     document = RunSummary.read(ROOT / "benchmarks" / "results" / "dataset_defaults.json")
