@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+import fedsync.codec
+from fedsync.compression.pipeline import BuildContext, Pipeline, PipelineConfig
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # Tests read the real data from ../shared/data beside the project (the team layout); a
@@ -23,3 +26,18 @@ def shared_data_dir() -> Path:
         if candidate.is_dir():
             return candidate
     pytest.skip(f"shared data not found (looked in {', '.join(map(str, _DATA_CANDIDATES))})")
+
+
+@pytest.fixture
+def built_pipelines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The spec of every pipeline :mod:`fedsync.codec` builds during the test, in order
+    (the real builder, recorded)."""
+    built: list[str] = []
+    build = fedsync.codec.build_pipeline
+
+    def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
+        built.append(config.to_spec())
+        return build(config, context)
+
+    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    return built

@@ -7,38 +7,53 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.deploy import LocalDeployment
+from fedsync.deploy import LocalDeployment, RunOutcome
 from fedsync.reports import read_events
 from tests.integration.conftest import live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
-    results = tmp_path / "results"
-    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+def run_deployed(
+    tmp_path: Path,
+    project_root: Path,
+    nodes: list[dict[str, int]],
+    run_config: dict[str, object],
+    *,
+    timeout: float = 480,
+) -> RunOutcome:
+    """Start a loopback deployment (SuperLink and ``nodes``' SuperNodes), run the app to
+    its end, stop everything, and assert that no process it started is left."""
     deployment = LocalDeployment(tmp_path / "run", nodes)
     deployment.start()
     pids = deployment.pids()
     try:
-        assert len(pids) == 4
-        outcome = deployment.run_app(
-            project_root,
-            {
-                "strategy": "fedavg",
-                "num-rounds": 2,
-                "local-epochs": 1,
-                "min-train-nodes": 3,
-                "results-dir": str(results),
-                "run-name": "grpc",
-            },
-            timeout=480,
-        )
+        assert len(pids) == len(nodes) + 1
+        outcome = deployment.run_app(project_root, run_config, timeout=timeout)
     finally:
         deployment.stop()
-    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
     assert live_group_members(pids) == []
+    return outcome
 
+
+def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
+    results = tmp_path / "results"
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    outcome = run_deployed(
+        tmp_path,
+        project_root,
+        nodes,
+        {
+            "strategy": "fedavg",
+            "num-rounds": 2,
+            "local-epochs": 1,
+            "min-train-nodes": 3,
+            "results-dir": str(results),
+            "run-name": "grpc",
+        },
+        timeout=480,
+    )
+    assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
     summary = json.loads((results / "grpc" / "summary.json").read_text())
     accuracies = [r["accuracy"] for r in summary["evaluations"]]
     assert accuracies[-1] > accuracies[0] + 0.2
@@ -49,30 +64,25 @@ def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
     """The asynchronous loop on the wall clock, against real SuperNodes over gRPC."""
     results = tmp_path / "results"
     nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
-    deployment = LocalDeployment(tmp_path / "run", nodes)
-    deployment.start()
-    pids = deployment.pids()
-    try:
-        outcome = deployment.run_app(
-            project_root,
-            {
-                "strategy": "teasq",
-                "clock": "wall",
-                "concurrency": 3,
-                "buffer-size": 2,
-                "max-aggregations": 6,
-                "eval-every": 3,
-                "min-nodes": 3,
-                "local-epochs": 2,
-                "results-dir": str(results),
-                "run-name": "teasq",
-            },
-            timeout=480,
-        )
-    finally:
-        deployment.stop()
+    outcome = run_deployed(
+        tmp_path,
+        project_root,
+        nodes,
+        {
+            "strategy": "teasq",
+            "clock": "wall",
+            "concurrency": 3,
+            "buffer-size": 2,
+            "max-aggregations": 6,
+            "eval-every": 3,
+            "min-nodes": 3,
+            "local-epochs": 2,
+            "results-dir": str(results),
+            "run-name": "teasq",
+        },
+        timeout=480,
+    )
     assert outcome.completed, f"{outcome.status} {outcome.details}\n{outcome.output[-3000:]}"
-    assert live_group_members(pids) == []
 
     summary = json.loads((results / "teasq" / "summary.json").read_text())
     assert summary["strategy"] == "teasq"
@@ -95,26 +105,21 @@ def test_a_run_whose_nodes_all_fail_alike_fails_and_names_the_error(
     (not as a completed run with exit 0), its status details and summary naming it."""
     results = tmp_path / "results"
     nodes = [{"partition-id": 5, "num-partitions": 2} for _ in range(2)]
-    deployment = LocalDeployment(tmp_path / "run", nodes)
-    deployment.start()
-    pids = deployment.pids()
-    try:
-        outcome = deployment.run_app(
-            project_root,
-            {
-                "strategy": "teasq",
-                "clock": "wall",
-                "min-nodes": 2,
-                "max-retries": 1,
-                "probe-timeout": 10.0,
-                "results-dir": str(results),
-                "run-name": "broken",
-            },
-            timeout=300,
-        )
-    finally:
-        deployment.stop()
-    assert live_group_members(pids) == []
+    outcome = run_deployed(
+        tmp_path,
+        project_root,
+        nodes,
+        {
+            "strategy": "teasq",
+            "clock": "wall",
+            "min-nodes": 2,
+            "max-retries": 1,
+            "probe-timeout": 10.0,
+            "results-dir": str(results),
+            "run-name": "broken",
+        },
+        timeout=300,
+    )
     assert outcome.status == "finished:failed", f"{outcome.status} {outcome.output[-3000:]}"
     expected = "every one failed with the same error: clientapp-exception (code 2)"
     assert expected in outcome.details, outcome.details

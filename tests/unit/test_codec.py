@@ -23,9 +23,7 @@ from fedsync.codec import (
     specs_of,
 )
 from fedsync.compression import (
-    BuildContext,
     NonFiniteInputError,
-    Pipeline,
     PipelineConfig,
     SpecError,
     TopKConfig,
@@ -221,13 +219,9 @@ def test_per_task_density_and_bits_decode_with_any_codec() -> None:
     assert set(stats.as_dict()) >= {"payload_bytes", "nnz", "density", "compression_ratio"}
 
 
-def test_own_spec_only_refuses_other_codecs_on_the_header(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_own_spec_only_refuses_other_codecs_on_the_header(built_pipelines: list[str]) -> None:
     """The receiver that assigned a spec takes frames of that spec (written any way that
     parses to it) and refuses any other before its schema or a pipeline for it."""
-    import fedsync.codec
-
     update = sample_update()
     specs = specs_of(update)
     task = UpdateCodec("TOPK:0.050+uniform:8+ef")  # not canonical: the codec's spec is
@@ -236,14 +230,8 @@ def test_own_spec_only_refuses_other_codecs_on_the_header(
     no_ef = UpdateCodec("topk:0.05+uniform:8", seed=2).encode(update)  # same values
     denser = task.with_density(0.1).encode(update)
     wrong_model = UpdateCodec("none+fp16").encode({"other": torch.zeros(3)})
-    built: list[str] = []
-    build = fedsync.codec.build_pipeline
-
-    def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
-        built.append(config.to_spec())
-        return build(config, context)
-
-    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    built = built_pipelines
+    built.clear()  # from here on: the builds of the decoding below
     assert task.decode(own, specs, own_spec_only=True)["layer.weight"].nnz > 0
     for frame, got in (
         (no_ef, "topk:0.05+uniform:8"),

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import fedsync.codec
 from fedsync.codec import UpdateCodec
-from fedsync.compression import BuildContext, Pipeline, PipelineConfig
 from fedsync.compression.sparsifiers import dct
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine, Rejection, TaskPlan, Verdict
@@ -112,7 +110,7 @@ def test_rejected_replies_leave_the_model_untouched(payload: bytes, kind: str) -
 
 @pytest.mark.parametrize("other", ["none+fp32", "dct:8,chunk=4096+fp32"])
 def test_a_valid_frame_of_another_codec_is_a_codec_mismatch(
-    other: str, monkeypatch: pytest.MonkeyPatch
+    other: str, built_pipelines: list[str]
 ) -> None:
     """A well-formed frame the task did not assign: refused on its header (no pipeline
     built for it, no DCT matrix), counted, the model untouched; the run goes on."""
@@ -122,14 +120,8 @@ def test_a_valid_frame_of_another_codec_is_a_codec_mismatch(
     payload = UpdateCodec(other).encode(ones(1.0))
     assert UpdateCodec(plan.uplink_spec).decode(payload, SPECS)  # valid: any codec takes it
     honest = reply(honest_plan, ones(1.0))
-    built: list[str] = []
-    build = fedsync.codec.build_pipeline
-
-    def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
-        built.append(config.to_spec())
-        return build(config, context)
-
-    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    built = built_pipelines
+    built.clear()  # from here on: the builds of the decoding below
     matrices = dct.MATRICES.nbytes, len(dct.MATRICES)
     before = {name: t.clone() for name, t in engine.state.items()}
     engine.arrived(plan, len(payload))
