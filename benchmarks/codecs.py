@@ -82,11 +82,11 @@ import torch
 
 from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
+from fedsync.kernels.dispatch import TorchBackend, registered_backends
 from fedsync.progress import track
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import decode_frame, encode_frame, index_bits_for
 from fedsync.wire.index_coding import choose_index_coding, decode_indices, encode_indices
-from kernels.dispatch import TorchBackend, registered_backends
 
 RESULTS = Path(__file__).parent / "results" / "codecs.json"
 TARGET_N = 10_000_000

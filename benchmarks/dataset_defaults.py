@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from fedsync.deploy import LocalSuperLink
-    from simulations.cleanup import stop_superlink
+    from fedsync.simulations.cleanup import stop_superlink
 
     os.environ.setdefault("RAY_ADDRESS", "local")
     data_dir = str(Path(args.data_dir).resolve())

@@ -10,7 +10,7 @@ the digits MLP, ``--tasks`` train tasks per path.
 * ``stock``: every message runs the full ClientApp in the fresh ``flwr-clientapp``
   process Flower starts for it; Flower's defaults for its local polls.
 * ``warm``: node config ``worker-dir`` (the fresh process hands the task to the node's
-  warm worker, :mod:`clients.warm`) and ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` =
+  warm worker, :mod:`fedsync.clients.warm`) and ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` =
   ``--exec-poll`` seconds (the SuperNode's SuperExec asks for new ClientApp work that
   often; Flower's default is 1 s).
 

@@ -63,7 +63,7 @@ def worker(inputs: Path) -> None:
     import torch
 
     from fedsync.codec import UpdateCodec, specs_of
-    from kernels import dispatch
+    from fedsync.kernels import dispatch
 
     torch.set_num_threads(1)
     data: dict[str, list[dict[str, torch.Tensor]]] = torch.load(inputs)

@@ -143,7 +143,7 @@ def torch_uniform8(values: torch.Tensor, chunk: int) -> tuple[torch.Tensor, ...]
 
 def sample_threshold(x: torch.Tensor, density: float, sample: float, seed: int) -> float:
     """DGC's estimate: the ``density``-quantile of a stratified sample of ``|x|``."""
-    from kernels.triton import select
+    from fedsync.kernels.triton import select
 
     n = x.numel()
     s = min(n, max(math.ceil(sample * n), math.ceil(64 / density)))
@@ -155,7 +155,7 @@ def sample_threshold(x: torch.Tensor, density: float, sample: float, seed: int) 
 
 def index_section(indices: torch.Tensor, numel: int) -> tuple[str, torch.Tensor]:
     """The smaller of Elias-Fano (closed-form size) and Rice (size from two sums)."""
-    from kernels.triton import pack
+    from fedsync.kernels.triton import pack
 
     n = indices.numel()
     if n == 0:
@@ -172,7 +172,7 @@ def index_section(indices: torch.Tensor, numel: int) -> tuple[str, torch.Tensor]
 
 def fused_compress(x: torch.Tensor, density: float, sample: float) -> dict[str, Any]:
     """Our device pipeline, end to end (threshold, select, quantize, index section)."""
-    from kernels.triton import quantize, select
+    from fedsync.kernels.triton import quantize, select
 
     k = max(1, round(density * x.numel()))
     t = sample_threshold(x, density, sample, seed=1)
@@ -222,7 +222,7 @@ def copy_rate(x: torch.Tensor, timer: Timer) -> float:
 
 
 def compress_run(x: torch.Tensor, density: float, sample: float, timer: Timer) -> dict[str, Any]:
-    from kernels.triton import quantize, select
+    from fedsync.kernels.triton import quantize, select
 
     n = x.numel()
     k = max(1, round(density * n))
@@ -290,7 +290,7 @@ def aggregate_run(
     n: int, nnz: int, updates: int, timer: Timer, device: torch.device, distinct: int = 8
 ) -> dict[str, Any]:
     """Decode + scatter-add of ``updates`` updates (``distinct`` index sets, cycled)."""
-    from kernels.triton import scatter
+    from fedsync.kernels.triton import scatter
 
     gen = torch.Generator(device=device).manual_seed(0)
     pool = [_random_update(n, nnz, device, gen) for _ in range(distinct)]
@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sizes = [int(float(s)) for s in args.sizes]
         updates, warmup, reps = args.updates, args.warmup, args.reps
     timer = Timer(device, warmup, reps)
-    from kernels.ordered_sums import LANES
+    from fedsync.kernels.ordered_sums import LANES
 
     report: dict[str, Any] = {
         "device": device_name(device),

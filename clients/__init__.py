@@ -1,1 +1,1 @@
-"""The fedsync Flower ClientApp (``clients.warm:app``, which runs ``clients.app``)."""
+"""The fedsync Flower ClientApp: ``fedsync.clients.warm:app`` runs ``fedsync.clients.app``."""

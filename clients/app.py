@@ -4,8 +4,8 @@ The same code serves Flower's simulation engine and a deployed SuperNode: the no
 partition (``partition-id``, ``num-partitions``) and its torch device (``device``) come
 from the node config, everything else from the run config. Optional node config:
 ``state-dir`` keeps the codec's error-feedback state on disk across SuperNode restarts
-(:mod:`clients.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
-updates, for testing deployments only (:mod:`clients.faults`).
+(:mod:`fedsync.clients.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
+updates, for testing deployments only (:mod:`fedsync.clients.faults`).
 
 Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
 
@@ -13,7 +13,7 @@ Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
   reply is the locally trained model, dense. This is the FedAvg baseline.
 * **compressed** -- the model (or a delta against what this node last received) as one
   encoded frame; the reply is the encoded, error-fed-back update. See
-  :mod:`clients.compressed`.
+  :mod:`fedsync.clients.compressed`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.compressed import train_compressed
-from clients.runtime import ClientRuntime, LocalTraining
 from fedsync import protocol
+from fedsync.clients.compressed import train_compressed
+from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.models.training import evaluate as evaluate_model
 from fedsync.protocol import NodeProfile, TrainTask
 

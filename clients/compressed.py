@@ -12,8 +12,8 @@ density and bit width may change from task to task); the codec's sender memory (
 feedback residual, step counter) lives in ``context.state`` too, so the update mass a
 task did not send goes out with a later one. A restarted SuperNode has an empty
 ``context.state``; with node config ``state-dir`` the memory is also kept on disk and
-picked up from there (:mod:`clients.state_store`). Node config ``fault`` turns the node
-into a faulty one for deployment tests (:mod:`clients.faults`).
+picked up from there (:mod:`fedsync.clients.state_store`). Node config ``fault`` turns the node
+into a faulty one for deployment tests (:mod:`fedsync.clients.faults`).
 
 In a pruned run (``prune-at-version``) the first task after the cut brings the pruning
 masks (a bitmap frame, :mod:`fedsync.wire.mask`); the node keeps them in
@@ -24,7 +24,7 @@ hold (restarted) or holds other masks than the task names refuses the task with
 :class:`PruningMaskError`: the server then sends the masks again with the next one.
 
 In an AB-Training run (``ab-rank``) every task also names the factor it trains and
-brings the frozen other one (:mod:`clients.ab_training`); the update is then the
+brings the frozen other one (:mod:`fedsync.clients.ab_training`); the update is then the
 trained factor's delta for each factored tensor.
 """
 
@@ -37,12 +37,12 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 
-from clients.ab_training import FactoredModel, decode_frozen
-from clients.faults import FaultInjector
-from clients.live_state import LIVE, keeps_live_state
-from clients.runtime import ClientRuntime, LocalTraining
-from clients.state_store import CodecStateStore
 from fedsync import protocol
+from fedsync.clients.ab_training import FactoredModel, decode_frozen
+from fedsync.clients.faults import FaultInjector
+from fedsync.clients.live_state import LIVE, keeps_live_state
+from fedsync.clients.runtime import ClientRuntime, LocalTraining
+from fedsync.clients.state_store import CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
@@ -110,7 +110,7 @@ def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> 
     compute_seconds = time.perf_counter() - started
 
     # The delta is taken where training ran: on a GPU node the codec then runs the
-    # Triton kernels there (kernels.dispatch picks them for CUDA tensors), and only the
+    # Triton kernels there (fedsync.kernels.dispatch picks them for CUDA tensors), and only the
     # encoded payload crosses to the host.
     trained = model.state_dict()
     # An AB-Training task sends its factors' deltas in place of the factored weights'.
@@ -156,7 +156,7 @@ def _encode_uplink(
         runtime.node_config, job=task.job, partition_id=runtime.partition_id
     )
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
-    # On an accelerator the residual stays there between tasks (clients.live_state);
+    # On an accelerator the residual stays there between tasks (fedsync.clients.live_state);
     # the saved copy below is still written every task.
     live = keeps_live_state(runtime.device)
     key = (context.run_id, context.node_id, runtime.partition_id, task.job)

@@ -5,14 +5,14 @@ supported way to keep one alive across messages). This module is what that proce
 loads; it imports no torch.
 
 * Node config ``worker-dir=/path`` (the warm path): the message and its ``Context`` go
-  to the node's warm worker (:mod:`clients.worker`) over a Unix socket in that folder
-  (:mod:`clients.worker_channel`), and the worker's reply and updated ``context.state``
+  to the node's warm worker (:mod:`fedsync.clients.worker`) over a Unix socket in that folder
+  (:mod:`fedsync.clients.worker_channel`), and the worker's reply and updated ``context.state``
   come back. The first task starts the worker; later tasks find it warm. A worker that
   died (even mid-task) is started again and the task runs once more; a worker that holds
   another run is retired and replaced. Nothing is lost: ``context.state`` only changes
   when a reply arrives, and node config ``state-dir`` keeps the error-feedback residual
   on disk as before.
-* Without ``worker-dir`` (the stock path) the full ClientApp (:mod:`clients.app`) runs
+* Without ``worker-dir`` (the stock path) the full ClientApp (:mod:`fedsync.clients.app`) runs
   in this process, as before.
 
 Node config ``timing-log=/path.jsonl`` appends one line per message with where this
@@ -42,7 +42,8 @@ from flwr.common.logger import log
 from flwr.proto.message_pb2 import Context as ProtoContext
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-from clients.worker_channel import (
+import fedsync
+from fedsync.clients.worker_channel import (
     LOG_NAME,
     SOCKET_NAME,
     ChannelError,
@@ -56,7 +57,9 @@ from clients.worker_channel import (
 )
 
 _LOADED_AT = time.time()
-APP_ROOT: Final = Path(__file__).resolve().parents[1]
+APP_ROOT: Final = Path(fedsync.__file__).resolve().parents[1]
+"""The folder holding the ``fedsync`` package this ClientApp runs (a checkout or
+``site-packages``): first on the warm worker's ``PYTHONPATH``, so it runs the same code."""
 WORKER_DIR: Final = "worker-dir"
 """Node config key: the folder of this node's warm worker (absent: the stock path)."""
 TIMING_LOG: Final = "timing-log"
@@ -102,8 +105,8 @@ def _dispatch(msg: Message, context: Context) -> Message:
 def _run_here(msg: Message, context: Context) -> tuple[Message, dict[str, Any]]:
     """The stock path: import the full ClientApp and run it in this process."""
     started = time.perf_counter()
-    from clients.app import app as full_app
-    from clients.runtime import ClientRuntime
+    from fedsync.clients.app import app as full_app
+    from fedsync.clients.runtime import ClientRuntime
 
     imports_s = time.perf_counter() - started
     data_s = 0.0
@@ -121,7 +124,7 @@ def _run_here(msg: Message, context: Context) -> tuple[Message, dict[str, Any]]:
 
 
 class WorkerClient:
-    """This node's end of the worker channel (see :mod:`clients.worker_channel`).
+    """This node's end of the worker channel (see :mod:`fedsync.clients.worker_channel`).
 
     Parameters
     ----------
@@ -255,7 +258,7 @@ class WorkerClient:
                 [
                     sys.executable,
                     "-m",
-                    "clients.worker",
+                    "fedsync.clients.worker",
                     "--dir",
                     str(self.folder),
                     "--node-id",

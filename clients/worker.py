@@ -1,13 +1,13 @@
 """A node's warm worker: runs the fedsync ClientApp for many messages in one process.
 
-Started by the node's thin ClientApp (:mod:`clients.warm`) on first use, with the app's
+Started by the node's thin ClientApp (:mod:`fedsync.clients.warm`) on first use, with the app's
 folder on ``PYTHONPATH`` (the same code version the SuperNode installed from the FAB)::
 
-    python -m clients.worker --dir WORKER_DIR --node-id N --run-id R
+    python -m fedsync.clients.worker --dir WORKER_DIR --node-id N --run-id R
 
 It imports torch and the app once, then serves tasks one at a time on
 ``<dir>/worker.sock``; the data partition is cached by the loader, so it too is loaded
-once. Each request is checked (token, node id, run id: :mod:`clients.worker_channel`)
+once. Each request is checked (token, node id, run id: :mod:`fedsync.clients.worker_channel`)
 before its bytes are decoded; a refused request gets a header that says why and a log
 line. The worker leaves when its SuperNode's process group is gone, when it has been idle
 for ``--idle-timeout`` seconds, or when a ClientApp asks it to (``shutdown``).
@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from clients.worker_channel import (
+from fedsync.clients.worker_channel import (
     PID_NAME,
     SOCKET_NAME,
     ChannelError,
@@ -59,7 +59,7 @@ class Worker:
         from flwr.proto.message_pb2 import Context as ProtoContext
         from flwr.proto.message_pb2 import Message as ProtoMessage
 
-        from clients.app import app
+        from fedsync.clients.app import app
 
         self._serde = serde
         self._proto_message = ProtoMessage
@@ -198,7 +198,7 @@ class Worker:
 
 def _load_data(context: Any) -> float:
     """Load (or find cached) the node's partition; the seconds it took."""
-    from clients.runtime import ClientRuntime
+    from fedsync.clients.runtime import ClientRuntime
 
     started = time.perf_counter()
     ClientRuntime.from_context(context).data()
@@ -206,8 +206,8 @@ def _load_data(context: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m clients.worker``."""
-    parser = argparse.ArgumentParser(prog="python -m clients.worker", description=__doc__)
+    """Entry point of ``python -m fedsync.clients.worker``."""
+    parser = argparse.ArgumentParser(prog="python -m fedsync.clients.worker", description=__doc__)
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--node-id", required=True, type=int)
     parser.add_argument("--run-id", required=True, type=int)

@@ -1,8 +1,8 @@
 """The local channel between a node's per-message ClientApp and its warm worker.
 
 Flower 1.39 starts a fresh ``flwr-clientapp`` process for every message. With node config
-``worker-dir=/path`` that process stays thin (:mod:`clients.warm`): it hands the message
-and its ``Context`` to a long-lived worker (:mod:`clients.worker`) over a Unix socket and
+``worker-dir=/path`` that process stays thin (:mod:`fedsync.clients.warm`): it hands the message
+and its ``Context`` to a long-lived worker (:mod:`fedsync.clients.worker`) over a Unix socket and
 returns the worker's reply. The worker keeps the imported modules, the data partition,
 the codec and (on a GPU) the CUDA context between tasks.
 

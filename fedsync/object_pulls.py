@@ -10,8 +10,8 @@ overshoots the end of an upload by up to several seconds, and on loopback the fi
 1 s was most of a warm task's overhead. :func:`shorten_object_pulls` makes the
 retries start at a process's poll interval and caps them: at :data:`LOCAL_PULL_RETRY_CAP_S`
 for a reader whose objects come from a process on its own host (the warm executor,
-``clients.node_exec``, from its SuperNode; the ServerApp's reply channel,
-``server.reply_pulls``, from the SuperLink that started it), at :data:`PULL_RETRY_CAP_S` for
+``fedsync.clients.node_exec``, from its SuperNode; the ServerApp's reply channel,
+``fedsync.server.reply_pulls``, from the SuperLink that started it), at :data:`PULL_RETRY_CAP_S` for
 ``fedsync-node --supernode-poll``, whose pulls cross the node's link.
 """
 

@@ -2,7 +2,7 @@
 
 Bars are for a person at a terminal: :func:`interactive` is false when stdout is not a
 TTY or ``CI`` is set, and then nothing is drawn (logs keep their plain lines). The
-comparison runner's bars are :mod:`simulations.progress`.
+comparison runner's bars are :mod:`fedsync.simulations.progress`.
 """
 
 from __future__ import annotations

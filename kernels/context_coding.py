@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kernels.index_coding import (
+from fedsync.kernels.index_coding import (
     STATUS_EXTRA_BITS,
     STATUS_OK,
     STATUS_TRUNCATED,

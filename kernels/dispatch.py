@@ -4,8 +4,8 @@ Compressors never branch on the device themselves: they call
 ``backend_for(x).threshold_select(x, t, limit)`` and friends. The registry is keyed by
 ``torch.device.type``:
 
-* ``"cpu"`` -> :class:`NumbaCpuBackend` (the numba kernels of :mod:`kernels.select`
-  and :mod:`kernels.quantize`, zero-copy through ``Tensor.numpy()``);
+* ``"cpu"`` -> :class:`NumbaCpuBackend` (the numba kernels of :mod:`fedsync.kernels.select`
+  and :mod:`fedsync.kernels.quantize`, zero-copy through ``Tensor.numpy()``);
 * anything else (``"cuda"``, ``"mps"``, ...) -> :class:`TorchBackend`, plain torch ops
   that run wherever the tensor lives.
 
@@ -31,10 +31,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from kernels import bitpack as _bitpack
-from kernels import ordered_sums as _ordered
-from kernels import quantize as _quantize
-from kernels import select as _select
+from fedsync.kernels import bitpack as _bitpack
+from fedsync.kernels import ordered_sums as _ordered
+from fedsync.kernels import quantize as _quantize
+from fedsync.kernels import select as _select
 
 Array = np.ndarray | torch.Tensor
 """A host array or a device tensor (see the module docstring)."""
@@ -87,7 +87,7 @@ class KernelBackend(Protocol):
         ...
 
     def sample_abs(self, x: torch.Tensor, s: int, seed: int) -> np.ndarray:
-        """``|x|`` at :func:`kernels.select.sample_positions` ``(len(x), s, seed)``,
+        """``|x|`` at :func:`fedsync.kernels.select.sample_positions` ``(len(x), s, seed)``,
         as a float32 numpy array on the host."""
         ...
 
@@ -118,20 +118,20 @@ class KernelBackend(Protocol):
         ...
 
     def pack_bits(self, codes: torch.Tensor, width: int) -> torch.Tensor:
-        """The bytes of :func:`kernels.bitpack.pack_bits` as a uint8 tensor on the codes'
+        """The bytes of :func:`fedsync.kernels.bitpack.pack_bits` as a uint8 tensor on the codes'
         device (integer codes of any dtype, read as unsigned)."""
         ...
 
     def moments(self, x: torch.Tensor) -> tuple[float, float]:
         """``(sum x, sum x**2)`` of float32 or float64 ``x`` in float64, in the fixed
-        order of :mod:`kernels.ordered_sums` (same bits on every backend)."""
+        order of :mod:`fedsync.kernels.ordered_sums` (same bits on every backend)."""
         ...
 
     def qsgd_quantize(
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[Array, Array]:
         """QSGD codes and per-chunk norms; Philox uniforms from ``seed`` (the
-        arithmetic of :func:`kernels.quantize.qsgd_quantize`). A backend with no device
+        arithmetic of :func:`fedsync.kernels.quantize.qsgd_quantize`). A backend with no device
         kernel for them computes them on the host."""
         ...
 
@@ -196,7 +196,7 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def torch_pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
-    """:func:`kernels.bitpack.pack_bits` in torch ops, on the codes' device.
+    """:func:`fedsync.kernels.bitpack.pack_bits` in torch ops, on the codes' device.
 
     Whole-byte widths are the codes' little-endian bytes; other widths expand each
     value into its bits and gather every eight into a byte.
@@ -253,7 +253,7 @@ class TorchBackend:
             return torch.arange(n, device=x.device)
         if k == 0:
             return torch.zeros(0, dtype=torch.int64, device=x.device)
-        # NaN ranks as +inf, as in the numba backend (see kernels.select.keep_top_k).
+        # NaN ranks as +inf, as in the numba backend (see fedsync.kernels.select.keep_top_k).
         mags = torch.nan_to_num(x.abs(), nan=math.inf, posinf=math.inf)
         kth = torch.topk(mags, k, sorted=False).values.min()
         keep = mags > kth
@@ -368,7 +368,7 @@ class NumbaCpuBackend:
         return bool(np.isfinite(_host(x)).all())
 
     def abs_moments(self, x: torch.Tensor) -> tuple[float, float]:
-        # The fixed order every backend shares (kernels.ordered_sums), not the
+        # The fixed order every backend shares (fedsync.kernels.ordered_sums), not the
         # thread-count-dependent chunked sum: SIDCo's threshold must not depend on
         # the device or the machine.
         return _ordered.ordered_abs_moments(_host(x))
@@ -444,7 +444,7 @@ def _probe_cuda() -> KernelBackend | None:
     """On the first CUDA tensor, install the Triton backend if Triton is there."""
     global _CUDA_PROBED
     _CUDA_PROBED = True
-    from kernels import triton as _triton  # no Triton import unless it installs
+    from fedsync.kernels import triton as _triton  # no Triton import unless it installs
 
     _triton.install()
     return _BACKENDS.get("cuda")
@@ -453,9 +453,9 @@ def _probe_cuda() -> KernelBackend | None:
 def backend_for(x: torch.Tensor | torch.device) -> KernelBackend:
     """The backend serving ``x``'s device type (torch ops when none is registered).
 
-    CUDA tensors get the Triton kernels (:mod:`kernels.triton`) when Triton is
+    CUDA tensors get the Triton kernels (:mod:`fedsync.kernels.triton`) when Triton is
     installed, unless ``FEDSYNC_TRITON=0``; the same bytes either way, see
-    :mod:`kernels.triton`.
+    :mod:`fedsync.kernels.triton`.
     """
     device = x if isinstance(x, torch.device) else x.device
     backend = _BACKENDS.get(device.type)

@@ -11,7 +11,7 @@ Three codings of a strictly increasing index set ``x_0 < x_1 < ... < x_{n-1}`` i
   geometric gaps (a random support) the best ``k`` is within a few percent of the
   entropy, and decoding needs only shifts and masks.
 * **Elias-Fano** -- the ``L`` low bits of every ``x_i`` packed at ``L`` bits each
-  (see :mod:`kernels.bitpack`), and the high parts ``h_i = x_i >> L`` as a bit
+  (see :mod:`fedsync.kernels.bitpack`), and the high parts ``h_i = x_i >> L`` as a bit
   array of ``n + ((numel - 1) >> L)`` bits with bit ``h_i + i`` set.
 
 The decoders are written for hostile input: every loop is bounded by a size the

@@ -12,10 +12,10 @@ float32: ``max - min`` of two float32 values can overflow float32, the quotient 
 QSGD, TernGrad and sign (:func:`qsgd_quantize`, :func:`ternary_quantize`,
 :func:`sign_quantize`): QSGD and TernGrad round stochastically; sign scales by a float
 sum. For the same spec, input and seed to give the same bytes on every device, the
-CPU must draw the device's random numbers (:mod:`kernels.philox`, a counter-based
+CPU must draw the device's random numbers (:mod:`fedsync.kernels.philox`, a counter-based
 generator a GPU thread can evaluate on its own) and add in the device's order
-(:mod:`kernels.ordered_sums`). These functions are what the CPU backends run for
-those quantizers; the Triton kernels in :mod:`kernels.triton.quantize` are checked
+(:mod:`fedsync.kernels.ordered_sums`). These functions are what the CPU backends run for
+those quantizers; the Triton kernels in :mod:`fedsync.kernels.triton.quantize` are checked
 against them bit for bit.
 
 Every float step of these three is one IEEE float32 operation (no fastmath, so no
@@ -33,7 +33,7 @@ QSGD, per kept value ``v`` at position ``i`` of chunk ``c`` (``s`` levels)::
 Ternary, with ``scale = max |v|``: ``keep = u < float32(|v| / scale)``; code 1 (+) or
 2 (-) when kept, else 0. Sign: ``code = (v < 0)``, ``scale = float32(S / n)`` with
 ``S`` the fixed-order float64 sum of ``|v|``
-(:func:`kernels.ordered_sums.ordered_abs_sum`).
+(:func:`fedsync.kernels.ordered_sums.ordered_abs_sum`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from kernels.ordered_sums import chunk_norms, ordered_abs_sum
-from kernels.philox import philox_uniform
+from fedsync.kernels.ordered_sums import chunk_norms, ordered_abs_sum
+from fedsync.kernels.philox import philox_uniform
 
 __all__ = [
     "qsgd_quantize",
@@ -55,7 +55,7 @@ __all__ = [
 
 _SERIAL_BELOW = 1 << 20
 """Fewer values than this run on one thread: 100k kept values quantize in ~0.1 ms
-serially, less than a parallel region's wake-up (see :mod:`kernels.select`)."""
+serially, less than a parallel region's wake-up (see :mod:`fedsync.kernels.select`)."""
 
 
 @njit(fastmath={"nnan", "ninf", "nsz"}, cache=True, nogil=True)
@@ -253,7 +253,7 @@ def ternary_quantize(values: np.ndarray, seed: int) -> tuple[np.ndarray, np.floa
 
 def sign_quantize(values: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """Sign codes (1 for negative) and the scale: the mean magnitude, summed in the
-    fixed order of :mod:`kernels.ordered_sums`."""
+    fixed order of :mod:`fedsync.kernels.ordered_sums`."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     n = values.shape[0]
     scale = np.float32(ordered_abs_sum(values) / n) if n else np.float32(0.0)

@@ -1,1 +1,1 @@
-"""The fedsync Flower ServerApp (``server.app:app``)."""
+"""The fedsync Flower ServerApp (``fedsync.server.app:app``)."""

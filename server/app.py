@@ -17,8 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsync.config import RunConfig
 from fedsync.reports import RunFailedError, RunRecorder
-from server.evaluation import CentralEvaluator
-from server.registry import STRATEGIES
+from fedsync.server.evaluation import CentralEvaluator
+from fedsync.server.registry import STRATEGIES
 
 app = ServerApp()
 

@@ -9,10 +9,10 @@ from flwr.serverapp import Grid
 
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, RunSummary
+from fedsync.server.evaluation import CentralEvaluator
+from fedsync.server.run_async import run_async_strategy
+from fedsync.server.run_fedavg import run_fedavg
 from fedsync.strategies import STRATEGIES as ENGINE_STRATEGIES
-from server.evaluation import CentralEvaluator
-from server.run_async import run_async_strategy
-from server.run_fedavg import run_fedavg
 
 StrategyRunner = Callable[[Grid, Context, RunConfig, RunRecorder, CentralEvaluator], RunSummary]
 """Runs one strategy to the end and returns its summary (written to summary.json)."""

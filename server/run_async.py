@@ -22,10 +22,10 @@ from fedsync.clock import Clock
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine
 from fedsync.reports import RunRecorder, RunSummary
-from server.async_run import AsyncRun, EvaluateFn
-from server.channel import GridChannel
-from server.checkpoint import AsyncCheckpoint, check_fits, find_resume, store_for
-from server.evaluation import CentralEvaluator
+from fedsync.server.async_run import AsyncRun, EvaluateFn
+from fedsync.server.channel import GridChannel
+from fedsync.server.checkpoint import AsyncCheckpoint, check_fits, find_resume, store_for
+from fedsync.server.evaluation import CentralEvaluator
 
 __all__ = ["AsyncResult", "run_async", "run_async_strategy"]
 
@@ -144,7 +144,7 @@ def run_async_strategy(
 ) -> RunSummary:
     """The registry's runner for every asynchronous strategy.
 
-    Checkpoints and resuming follow the run config (:mod:`server.checkpoint`), the
+    Checkpoints and resuming follow the run config (:mod:`fedsync.server.checkpoint`), the
     norm check too; ``server-device`` says where the engine keeps the model, the buffer
     and the optimizer state (a checkpoint written on one device resumes on any other),
     ``device`` where the central evaluation runs.

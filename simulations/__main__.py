@@ -1,10 +1,10 @@
-"""``python -m simulations SCENARIO ...``: the same as ``python -m simulations.compare``."""
+"""``python -m fedsync.simulations SCENARIO ...``: ``python -m fedsync.simulations.compare``."""
 
 from __future__ import annotations
 
 import sys
 
-from simulations.compare import main
+from fedsync.simulations.compare import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -154,8 +154,8 @@ def run(
     accuracy stayed at chance (summary.json's `health`; --allow-divergence: 0).
     """
     from fedsync.deploy import DeploymentError, LocalSuperLink
-    from simulations.cleanup import stop_superlink
-    from simulations.scenario import PROJECT_ROOT
+    from fedsync.simulations.cleanup import stop_superlink
+    from fedsync.simulations.scenario import PROJECT_ROOT
 
     try:
         values = parse_run_config(run_config or [])
@@ -220,7 +220,7 @@ def compare(
     Exit status: 0 done; 1 a run failed; 2 bad arguments; 3 a run diverged or its
     accuracy stayed at chance (--allow-divergence: 0).
     """
-    from simulations.compare import main as compare_main
+    from fedsync.simulations.compare import main as compare_main
 
     argv = [scenario, "--scale", str(scale)]
     argv += ["--out", out] if out else []

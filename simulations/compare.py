@@ -2,11 +2,11 @@
 
 ::
 
-    python -m simulations.compare digits-stragglers --out results/compare/digits
-    python -m simulations.compare fmnist-ci --only teasq,fedavg --verbose
-    python -m simulations.compare fmnist-teasq --scale 0.25   # a quarter of every budget
+    python -m fedsync.simulations.compare digits-stragglers --out results/compare/digits
+    python -m fedsync.simulations.compare fmnist-ci --only teasq,fedavg --verbose
+    python -m fedsync.simulations.compare fmnist-teasq --scale 0.25   # a quarter of every budget
 
-Every strategy of the scenario (:mod:`simulations.scenario`) runs as its own
+Every strategy of the scenario (:mod:`fedsync.simulations.scenario`) runs as its own
 ``flwr run`` on one ``flower-superlink --simulation`` (Flower's simulation engine),
 started for the comparison and stopped at its end by process id. Each run writes
 ``summary.json`` into its own results folder; once all are done the target accuracy is
@@ -16,8 +16,8 @@ same series for every strategy, so the numbers compare like for like, whatever t
 the runs themselves were given.
 
 This module runs the strategies and is the command line; what the runs produced and
-the comparison drawn from them are :mod:`simulations.results`, the files written from
-it :mod:`simulations.report`. Written into ``--out``: ``comparison.json``,
+the comparison drawn from them are :mod:`fedsync.simulations.results`, the files written from
+it :mod:`fedsync.simulations.report`. Written into ``--out``: ``comparison.json``,
 ``comparison.md``, ``comparison.png`` (accuracy against simulated time, and against
 cumulative total bytes, up + down) and, when a run was asynchronous, ``staleness.png``. The
 SuperLink's folder (database, logs, every run's events and summary) goes to
@@ -39,11 +39,11 @@ from typing import Any
 
 from fedsync.aggregation.health import DIVERGED_EXIT, health_problem
 from fedsync.deploy import DeploymentError, LocalSuperLink
-from simulations.cleanup import stop_superlink
-from simulations.progress import ComparisonProgress, budget_of
-from simulations.report import fmt, mb, short_table, write_reports
-from simulations.results import RunResult, build_comparison, read_series
-from simulations.scenario import PROJECT_ROOT, Scenario, ScenarioError, load_scenario
+from fedsync.simulations.cleanup import stop_superlink
+from fedsync.simulations.progress import ComparisonProgress, budget_of
+from fedsync.simulations.report import fmt, mb, short_table, write_reports
+from fedsync.simulations.results import RunResult, build_comparison, read_series
+from fedsync.simulations.scenario import PROJECT_ROOT, Scenario, ScenarioError, load_scenario
 
 __all__ = ["ComparisonRunner", "main"]
 
@@ -67,7 +67,7 @@ class ComparisonRunner:
         Where progress lines go.
     progress : bool or None
         Draw progress bars (per strategy and overall); default: only at a terminal
-        outside CI (:func:`simulations.progress.interactive`).
+        outside CI (:func:`fedsync.simulations.progress.interactive`).
     """
 
     def __init__(
@@ -172,7 +172,7 @@ def _progress_line(result: RunResult, done: int, total: int) -> str:
 
 # --- the command line -------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.compare SCENARIO [--out DIR] [--only a,b] [--scale F]
+    """``python -m fedsync.simulations.compare SCENARIO [--out DIR] [--only a,b] [--scale F]
     [--run-dir DIR] [--verbose]``; returns the exit status."""
     args = _parser().parse_args(argv)
     # SIGTERM (what kill and CI runners send; a job started in the background even
@@ -229,7 +229,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.compare",
+        prog="python -m fedsync.simulations.compare",
         description="Run every strategy of a scenario through the real Flower app and compare.",
     )
     parser.add_argument("scenario", help="scenario name (simulations/scenarios) or .toml path")

@@ -1,8 +1,8 @@
 """Simulated vs deployed: does the virtual clock predict a run over real, shaped links?
 
-``python -m simulations.fidelity`` (root: it builds network namespaces) runs the
+``python -m fedsync.simulations.fidelity`` (root: it builds network namespaces) runs the
 scenario ``links-fidelity`` (``simulations/scenarios/links-fidelity.toml``, read by
-:func:`simulations.scenario.load_scenario`: three devices whose links, from the fleet
+:func:`fedsync.simulations.scenario.load_scenario`: three devices whose links, from the fleet
 ``links-fidelity``, are 1, 5 and 20 Mbit/s) five times:
 
 1. **calibration** -- deployed (TLS, node auth, one namespace per SuperNode) on
@@ -57,9 +57,9 @@ from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
 from fedsync.deploy.timing import TaskTiming
 from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S
 from fedsync.reports import read_events
-from simulations.fidelity_setup import Calibration, FidelitySetup, modelled_transfer_s
-from simulations.results import evaluation_entries
-from simulations.scenario import PROJECT_ROOT, ScenarioError, load_scenario
+from fedsync.simulations.fidelity_setup import Calibration, FidelitySetup, modelled_transfer_s
+from fedsync.simulations.results import evaluation_entries
+from fedsync.simulations.scenario import PROJECT_ROOT, ScenarioError, load_scenario
 
 __all__ = ["DEFAULT_SCENARIO", "RESULTS", "main", "run_fidelity"]
 
@@ -357,7 +357,7 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
         "uploading it, and the ServerApp pulls its objects until they are all in, retrying "
         f"from its poll interval, at most {LOCAL_PULL_RETRY_CAP_S:g} s apart "
         "(fedsync.object_pulls); replies are "
-        "pulled concurrently (server.reply_pulls), so no reply waits behind another's "
+        "pulled concurrently (fedsync.server.reply_pulls), so no reply waits behind another's "
         "upload. The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "
         "start-up stretch when tasks overlap; the fleet has one speed per device",
@@ -397,7 +397,9 @@ def _require_completed(label: str, run: LinkRun) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m simulations.fidelity", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m fedsync.simulations.fidelity", description=__doc__
+    )
     parser.add_argument("--scenario", default=DEFAULT_SCENARIO, help="scenario name or .toml path")
     parser.add_argument(
         "--out",

@@ -4,7 +4,7 @@
 run config, the federation, the absolute target, the fleet whose links the deployment
 shapes); :class:`Calibration` fits compute speed and per-task overhead from a deployed
 run's measured task timings and writes them as a fleet file for the simulator.
-:mod:`simulations.fidelity` runs the experiment with them.
+:mod:`fedsync.simulations.fidelity` runs the experiment with them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fedsync.clock import FleetSpec, load_fleet
 from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
-from simulations.scenario import Scenario, ScenarioError
+from fedsync.simulations.scenario import Scenario, ScenarioError
 
 __all__ = ["Calibration", "FidelitySetup", "modelled_transfer_s"]
 
@@ -199,7 +199,7 @@ class Calibration:
         latency_ms = (self.cold_start_s + self.overhead_s) * 1e3 if overhead else 0.0
         kind = "links + compute + measured per-task overhead" if overhead else "links + compute"
         lines = [
-            f"# Written by python -m simulations.fidelity, calibrated on {source}.",
+            f"# Written by python -m fedsync.simulations.fidelity, calibrated on {source}.",
             f'name = "{name}"',
             f'description = "{kind}"',
         ]

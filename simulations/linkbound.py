@@ -2,7 +2,7 @@
 
 ::
 
-    python -m simulations.linkbound runs/compare/<run>/results/fedbuff/events.jsonl \\
+    python -m fedsync.simulations.linkbound runs/compare/<run>/results/fedbuff/events.jsonl \\
         --json simulations/results/fmnist-iot/link-ratio.json
 
 Reads an asynchronous run's ``events.jsonl``: its run configuration (``run_start``:
@@ -166,10 +166,10 @@ def bytes_by_kind(events_path: Path, until: float = math.inf) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.linkbound EVENTS [--json OUT] [--until T]``; returns the
+    """``python -m fedsync.simulations.linkbound EVENTS [--json OUT] [--until T]``; returns the
     exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.linkbound",
+        prog="python -m fedsync.simulations.linkbound",
         description="Upload time against compute time per task, from an asynchronous run.",
     )
     parser.add_argument("events", help="an asynchronous run's events.jsonl")

@@ -2,10 +2,10 @@
 
 ::
 
-    python -m simulations.pruned_bytes <run-dir>/results --out bytes_per_update.json
+    python -m fedsync.simulations.pruned_bytes <run-dir>/results --out bytes_per_update.json
 
 For each run folder under the results folder (``events.jsonl`` and ``summary.json``, as
-``python -m simulations.compare`` leaves them): the uplink bytes of every update (the
+``python -m fedsync.simulations.compare`` leaves them): the uplink bytes of every update (the
 real payload lengths the server received) before and after the cut (updates coded
 against the masks: their task's ``uplink_codec`` is ``mask:digest=...``), the downlink
 bytes per task (model payload plus any mask frame), the mask frames sent, the final
@@ -66,7 +66,7 @@ def run_bytes(folder: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the JSON for every run folder under the results folder."""
-    parser = argparse.ArgumentParser(prog="python -m simulations.pruned_bytes")
+    parser = argparse.ArgumentParser(prog="python -m fedsync.simulations.pruned_bytes")
     parser.add_argument("results", type=Path, help="folder holding one folder per run")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The comparison's files: ``comparison.json``, ``comparison.md`` and the plots.
 
-:func:`write_reports` writes them from a :class:`~simulations.results.Comparison`:
-the JSON document (:meth:`~simulations.results.Comparison.as_dict`), a markdown table
+:func:`write_reports` writes them from a :class:`~fedsync.simulations.results.Comparison`:
+the JSON document (:meth:`~fedsync.simulations.results.Comparison.as_dict`), a markdown table
 with one row per strategy (and the staleness of the asynchronous runs' updates),
 accuracy against simulated time and against cumulative total bytes, uplink plus downlink
 (``comparison.png``), and the binned staleness histogram (``staleness.png``).
@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI, SSH
 import matplotlib.pyplot as plt
 
-from simulations.results import (
+from fedsync.simulations.results import (
     STALENESS_BINS,
     Comparison,
     RunResult,
@@ -31,7 +31,7 @@ from simulations.results import (
     runs_of,
     staleness_bins,
 )
-from simulations.scenario import ScenarioError, load_scenario
+from fedsync.simulations.scenario import ScenarioError, load_scenario
 
 __all__ = [
     "fmt",
@@ -316,14 +316,14 @@ def _plot_metric(comparison: Comparison, path: Path, metric: str) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simulations.report OUT [--add DOC ...] [--runs DIR --scenario NAME
+    """``python -m fedsync.simulations.report OUT [--add DOC ...] [--runs DIR --scenario NAME
     --scale F]``: write the reports of a comparison again, with today's tables and
     figures; returns the exit status.
 
     The runs are those of ``OUT/comparison.json`` (when there is one), of every ``--add``
     document (the same scenario at the same scale, other labels: runs of one scenario
     split across runners), and, for the scenario's other labels, the run folders under
-    ``--runs`` (a runner's ``results/``; see :func:`simulations.results.read_run`).
+    ``--runs`` (a runner's ``results/``; see :func:`fedsync.simulations.results.read_run`).
     """
     args = _report_parser().parse_args(argv)
     out = Path(args.out)
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m simulations.report",
+        prog="python -m fedsync.simulations.report",
         description="Rewrite comparison.json/.md/.png and staleness.png of a comparison.",
     )
     parser.add_argument("out", help="folder of comparison.json (read when present, written)")

@@ -4,8 +4,8 @@ A run's evaluation series (:class:`EvalPoint`, read from its ``summary.json`` or
 ``events.jsonl`` by :func:`read_series`), how the run went (:class:`RunResult`), and the
 comparison of all runs (:func:`build_comparison`): the target accuracy fixed after every
 run is done, when and at what cost each run first reached it, and the ratios against
-the baseline. No plotting and no processes here: :mod:`simulations.report` writes the
-files, :mod:`simulations.compare` runs the strategies.
+the baseline. No plotting and no processes here: :mod:`fedsync.simulations.report` writes the
+files, :mod:`fedsync.simulations.compare` runs the strategies.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedsync.reports import RunSummary, read_events
-from simulations.scenario import Scenario, ScenarioError, load_scenario
+from fedsync.simulations.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
     "COMPLETED",

@@ -43,8 +43,8 @@ from typing import Literal
 import torch
 
 from fedsync.aggregation.validation import InvalidUpdate, validate_dense, validate_update
+from fedsync.kernels.triton import scatter_add_
 from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, accumulate_lowrank
-from kernels.triton import scatter_add_
 
 __all__ = [
     "DENSE_ABOVE",
@@ -234,7 +234,7 @@ class UpdateBuffer:
             values = tensor.values.to(self.device, dtype=torch.float32)
             # Indices are validated sorted and unique: the scatter-add is then an exact,
             # deterministic per-coordinate sum (Triton on CUDA, index_add_ elsewhere,
-            # bit-identical; see kernels.triton.scatter).
+            # bit-identical; see fedsync.kernels.triton.scatter).
             if name in self._sums:
                 scatter_add_(self._sums[name], indices, values, weight)
                 continue

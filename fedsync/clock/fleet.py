@@ -21,7 +21,6 @@ returns a :class:`Fleet` that answers :meth:`Fleet.profile_for`.
 
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -181,14 +180,9 @@ class Fleet:
 
 
 def fleet_search_path() -> list[Path]:
-    """Folders searched for ``<name>.toml``: the repository's ``simulations/fleets``
-    and, when installed as a package, the ``simulations`` package's ``fleets``."""
-    folders = [Path(__file__).resolve().parents[2] / "simulations" / "fleets"]
-    # find_spec locates the package without importing it (fedsync must not import
-    # simulations: the arrows point the other way).
-    spec = importlib.util.find_spec("simulations")
-    if spec is not None and spec.submodule_search_locations:
-        folders += [Path(p) / "fleets" for p in spec.submodule_search_locations]
+    """Folders searched for ``<name>.toml``: the ``fedsync.simulations`` package's
+    ``fleets`` (``simulations/fleets`` in the repository)."""
+    folders = [Path(__file__).resolve().parents[1] / "simulations" / "fleets"]
     unique: list[Path] = []
     for folder in folders:
         if folder not in unique:

@@ -1,7 +1,7 @@
 """The two component contracts: a sparsifier picks positions, a quantizer codes values.
 
 Both work on one flat float32 tensor at a time, on whatever device it lives, and call
-device kernels only through :func:`kernels.dispatch.backend_for`. Neither keeps
+device kernels only through :func:`fedsync.kernels.dispatch.backend_for`. Neither keeps
 anything about a tensor between calls except what it declares as state (SIDCo's
 stage count), which the codec can export with the error-feedback residuals.
 """

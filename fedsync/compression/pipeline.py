@@ -30,6 +30,7 @@ from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFi
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.spec import PipelineConfig
 from fedsync.compression.transform import TransformSparsifier
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import (
     CompressedTensor,
     LowRankTensor,
@@ -41,7 +42,6 @@ from fedsync.updates import (
     lowrank_rank,
     matrix_dims,
 )
-from kernels.dispatch import backend_for
 
 __all__ = [
     "DTYPE_NAMES",

@@ -144,8 +144,8 @@ def generate_certificates(
     Parameters
     ----------
     out : pathlib.Path
-        The folder (created) that receives ``ca.crt``, ``ca.key``, ``server.pem`` and
-        ``server.key``.
+        The folder (created) that receives ``ca.crt``, ``ca.key``, ``fedsync.server.pem`` and
+        ``fedsync.server.key``.
     hosts : iterable of str
         Extra subject alternative names for real hosts (IP addresses and DNS names,
         optionally prefixed ``IP:`` / ``DNS:``), on top of :data:`DEFAULT_SANS`.

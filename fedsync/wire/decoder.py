@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedsync.kernels import bitpack
 from fedsync.updates import (
     Array,
     CompressedTensor,
@@ -75,7 +76,6 @@ from fedsync.wire.registry import (
     SCHEME_NAMES,
 )
 from fedsync.wire.schema import DIGEST_BYTES, as_spec_list, canonical, schema_digest
-from kernels import bitpack
 
 __all__ = ["TensorLayout", "decode_frame", "inspect_frame"]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedsync.kernels import bitpack
 from fedsync.updates import (
     Array,
     CompressedTensor,
@@ -50,7 +51,6 @@ from fedsync.wire.limits import DEFAULT_LIMITS, MAX_FORMAT_NUMEL
 from fedsync.wire.registry import CODING_CODES, DTYPE_CODES, INDEX_MODE_RULES, SCHEME_CODES
 from fedsync.wire.schema import schema_digest
 from fedsync.wire.staging import stage_tensors
-from kernels import bitpack
 
 __all__ = ["encode_frame"]
 

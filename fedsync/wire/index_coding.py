@@ -1,7 +1,7 @@
 """Choosing, sizing, encoding and decoding the positions of one tensor.
 
-An explicit index set travels in one of five codings (see :mod:`kernels.index_coding`
-and :mod:`kernels.context_coding` for the bit layouts). No single one is best across
+An explicit index set travels in one of five codings (see :mod:`fedsync.kernels.index_coding`
+and :mod:`fedsync.kernels.context_coding` for the bit layouts). No single one is best across
 densities and supports, so the encoder computes the exact size of each candidate
 and keeps the smallest:
 
@@ -16,7 +16,7 @@ context     what the range coder emits (>= 4)                    section length
 =========== ==================================================== ====================
 
 The context coding (an arithmetic-coded bitmap whose probabilities come from each
-position's neighbours, see :mod:`kernels.context_coding`) is the one that can beat
+position's neighbours, see :mod:`fedsync.kernels.context_coding`) is the one that can beat
 ``H(rho) / rho``, the bound for a random support, on the clustered supports of real
 updates. It costs a step per element rather than per position, so the encoder tries
 it only on tensors of at most :data:`CONTEXT_MAX_NUMEL` elements whose support an
@@ -44,6 +44,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedsync.kernels import bitpack
+from fedsync.kernels import context_coding as ctx_kern
+from fedsync.kernels import index_coding as kern
 from fedsync.wire.buffer import varint_len
 from fedsync.wire.errors import (
     CountMismatch,
@@ -54,9 +57,6 @@ from fedsync.wire.errors import (
     UnorderedIndices,
 )
 from fedsync.wire.registry import INDEX_CODINGS
-from kernels import bitpack
-from kernels import context_coding as ctx_kern
-from kernels import index_coding as kern
 
 __all__ = [
     "CODINGS_WITH_LENGTH",

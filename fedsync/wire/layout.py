@@ -68,7 +68,7 @@ import struct
 
 import numpy as np
 
-from kernels import bitpack
+from fedsync.kernels import bitpack
 
 __all__ = [
     "FLAG_TABLE",

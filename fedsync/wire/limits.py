@@ -22,7 +22,7 @@ class FrameLimits:
     of up to 4 bytes) plus a copy of the largest Rice section. A codec that derives
     positions from the frame's shape (``mask:<density>``) draws them in at most 32
     bytes per value, never in proportion to the declared element count. A
-    context-coded index section (:mod:`kernels.context_coding`) costs three bytes per
+    context-coded index section (:mod:`fedsync.kernels.context_coding`) costs three bytes per
     element of its tensor's widest row, at most ``2**24`` elements per tensor.
 
     Parameters

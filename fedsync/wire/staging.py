@@ -4,7 +4,7 @@ A compressor whose kernels run on a device hands the encoder tensors still on th
 device: positions, codes and per-chunk params (see :data:`fedsync.updates.Array`).
 Here, before the frame is laid out, the codes are checked and bit-packed where they
 live (the device backend's ``pack_bits``: Triton on CUDA, torch ops elsewhere; the
-bytes of :func:`kernels.bitpack.pack_bits`), every device section of every tensor is
+bytes of :func:`fedsync.kernels.bitpack.pack_bits`), every device section of every tensor is
 concatenated into one byte buffer per device, and that buffer crosses to the host in
 a single copy. Positions travel as int32 when the tensor has fewer than ``2**31``
 elements (half the bytes); the host entropy-codes them (:mod:`.index_coding`: the
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from fedsync.kernels.dispatch import backend_for, byte_view
 from fedsync.updates import Array, CompressedTensor, QuantizedValues
 from fedsync.wire.layout import MAX_BITS
-from kernels.dispatch import backend_for, byte_view
 
 __all__ = ["Staged", "stage_tensors"]
 

@@ -2,19 +2,19 @@
 
 Importing this package never needs Triton or CUDA, and does not import Triton:
 :data:`AVAILABLE` says whether it is installed; :func:`install` registers
-:class:`~kernels.triton.backend.TritonBackend` for ``"cuda"`` tensors in
-:mod:`kernels.dispatch` when Triton and a CUDA device are both present, so the same
+:class:`~fedsync.kernels.triton.backend.TritonBackend` for ``"cuda"`` tensors in
+:mod:`fedsync.kernels.dispatch` when Triton and a CUDA device are both present, so the same
 pipeline object runs these kernels for CUDA tensors and the numba/torch kernels for
 CPU tensors::
 
-    from kernels import triton as tk
+    from fedsync.kernels import triton as tk
     tk.install()                 # no-op (returns False) without Triton or CUDA
 
 The CPU twins these kernels are checked against live in :mod:`kernels` (this package
-imports them, never the reverse): :mod:`kernels.philox` (the counter-based generator
-of ``tl.randint``), :mod:`kernels.ordered_sums` (float64 sums in one fixed order,
+imports them, never the reverse): :mod:`fedsync.kernels.philox` (the counter-based generator
+of ``tl.randint``), :mod:`fedsync.kernels.ordered_sums` (float64 sums in one fixed order,
 whose device twin is :mod:`.reduce`) and the stochastic and sign quantizers of
-:mod:`kernels.quantize`.
+:mod:`fedsync.kernels.quantize`.
 
 Kernel modules (:mod:`.select`, :mod:`.quantize`, :mod:`.reduce`, :mod:`.pack`,
 :mod:`.scatter`, :mod:`.backend`) import Triton and are imported on demand. Under
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.triton._runtime import HAVE_TRITON, TRITON_ERROR, interpreting, runs_on
+from fedsync.kernels.triton._runtime import HAVE_TRITON, TRITON_ERROR, interpreting, runs_on
 
 if TYPE_CHECKING:
-    from kernels.triton.backend import TritonBackend
+    from fedsync.kernels.triton.backend import TritonBackend
 
 __all__ = [
     "AVAILABLE",
@@ -51,7 +51,7 @@ _BACKEND: TritonBackend | None = None
 
 
 def get_backend() -> TritonBackend:
-    """The process's :class:`~kernels.triton.backend.TritonBackend` (created once).
+    """The process's :class:`~fedsync.kernels.triton.backend.TritonBackend` (created once).
 
     Raises
     ------
@@ -62,7 +62,7 @@ def get_backend() -> TritonBackend:
     if not HAVE_TRITON:
         raise RuntimeError(f"triton is not available: {TRITON_ERROR}")
     if _BACKEND is None:
-        from kernels.triton.backend import TritonBackend
+        from fedsync.kernels.triton.backend import TritonBackend
 
         _BACKEND = TritonBackend()
     return _BACKEND
@@ -79,7 +79,7 @@ def install(*, force: bool = False) -> bool:
         return False  # the user opted out: CUDA tensors keep the torch backend
     if not HAVE_TRITON or not (force or torch.cuda.is_available()):
         return False
-    from kernels.dispatch import register_backend
+    from fedsync.kernels.dispatch import register_backend
 
     try:
         triton_backend = get_backend()  # the first import of Triton happens here
@@ -100,7 +100,7 @@ def scatter_add_(
     sum, so the accumulator has the same bits either way.
     """
     if acc.device.type == "cuda" and HAVE_TRITON:
-        from kernels.triton.scatter import scatter_add_ as kernel
+        from fedsync.kernels.triton.scatter import scatter_add_ as kernel
 
         return kernel(acc, indices, values, weight)
     return acc.index_add_(0, indices, values, alpha=weight)

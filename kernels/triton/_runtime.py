@@ -1,6 +1,6 @@
 """Whether Triton can run here, and how every kernel in this package is launched.
 
-Kept apart from the kernels so that importing :mod:`kernels.triton` never needs
+Kept apart from the kernels so that importing :mod:`fedsync.kernels.triton` never needs
 Triton: the kernel modules import ``triton`` at the top and are only imported when
 :data:`HAVE_TRITON` is true.
 """
@@ -77,14 +77,14 @@ def kernels_interpreted() -> bool:
 
     ``triton.jit`` reads ``TRITON_INTERPRET`` when a function is decorated, so what
     counts is the variable's value when Triton (whose ``tl.sum`` is a jit function)
-    and :mod:`kernels.triton.select` were first imported; tests set it before that.
+    and :mod:`fedsync.kernels.triton.select` were first imported; tests set it before that.
     """
     if not HAVE_TRITON:
         return False
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    from kernels.triton import select
+    from fedsync.kernels.triton import select
 
     # Both ours and Triton's own library functions (tl.sum is a jit function too).
     return isinstance(select._select_regions, InterpretedFunction) and isinstance(

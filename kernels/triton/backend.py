@@ -1,16 +1,16 @@
-"""The Triton backend: :class:`kernels.dispatch.KernelBackend` for CUDA tensors.
+"""The Triton backend: :class:`fedsync.kernels.dispatch.KernelBackend` for CUDA tensors.
 
-Installed for ``"cuda"`` by :func:`kernels.triton.install`; compressors reach it only
-through :func:`kernels.dispatch.backend_for`. Every method returns what the CPU
+Installed for ``"cuda"`` by :func:`fedsync.kernels.triton.install`; compressors reach it only
+through :func:`fedsync.kernels.dispatch.backend_for`. Every method returns what the CPU
 backend returns for the same input (positions, values, codes, params: the same
 bits); the unit tests run both on the same data, the Triton side under
 ``TRITON_INTERPRET=1``.
 
 Beyond the protocol it offers the device halves of the stochastic and sign
 quantizers (:meth:`qsgd_quantize`, :meth:`ternary_quantize`, :meth:`sign_quantize`,
-whose CPU twins are in :mod:`kernels.quantize`), the packers of
-:mod:`kernels.triton.pack`, and the fused decode + scatter-add of
-:mod:`kernels.triton.scatter`.
+whose CPU twins are in :mod:`fedsync.kernels.quantize`), the packers of
+:mod:`fedsync.kernels.triton.pack`, and the fused decode + scatter-add of
+:mod:`fedsync.kernels.triton.scatter`.
 
 Positions, codes and per-chunk params stay on the device (``host`` is false): the
 sender's frame writer packs the codes here and copies the frame's sections to the
@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.dispatch import Array, Selection
-from kernels.triton import pack as _pack
-from kernels.triton import quantize as _quantize
-from kernels.triton import reduce as _reduce
-from kernels.triton import scatter as _scatter
-from kernels.triton import select as _select
+from fedsync.kernels.dispatch import Array, Selection
+from fedsync.kernels.triton import pack as _pack
+from fedsync.kernels.triton import quantize as _quantize
+from fedsync.kernels.triton import reduce as _reduce
+from fedsync.kernels.triton import scatter as _scatter
+from fedsync.kernels.triton import select as _select
 
 __all__ = ["TritonBackend"]
 
@@ -104,7 +104,7 @@ class TritonBackend:
         self, values: torch.Tensor, levels: int, chunk: int, seed: int
     ) -> tuple[Array, Array]:
         """QSGD codes (uint8, or int16 read as uint16) and norms, on the device (the
-        arithmetic of :func:`kernels.quantize.qsgd_quantize`)."""
+        arithmetic of :func:`fedsync.kernels.quantize.qsgd_quantize`)."""
         return _quantize.qsgd_quantize(values, levels, chunk, seed)
 
     def ternary_quantize(self, values: torch.Tensor, seed: int) -> tuple[Array, np.float32]:

@@ -4,14 +4,14 @@ What the wire format carries for one tensor -- b-bit codes and an index section 
 can be built where the update lives, so only the compressed bytes cross to the
 host. Every function returns the exact bytes of its CPU counterpart:
 
-* :func:`pack_bits` / :func:`unpack_bits` -- :mod:`kernels.bitpack` (little-endian
+* :func:`pack_bits` / :func:`unpack_bits` -- :mod:`fedsync.kernels.bitpack` (little-endian
   bit stream, widths 1..56). Each program packs whole groups of 8 values, which fill
   exactly ``width`` bytes, so programs never share a byte.
-* :func:`bitmap_encode` -- ``kernels.index_coding.bitmap_encode``.
+* :func:`bitmap_encode` -- ``fedsync.kernels.index_coding.bitmap_encode``.
 * :func:`elias_fano_encode` -- the Elias-Fano section of
   :func:`fedsync.wire.index_coding.encode_indices` (low bits packed, then the high
   bit array).
-* :func:`rice_encode` -- ``kernels.index_coding.rice_encode``: an exclusive scan of
+* :func:`rice_encode` -- ``fedsync.kernels.index_coding.rice_encode``: an exclusive scan of
   the code lengths gives every code its bit offset, and each code's one bit and low
   bits are OR-ed into place.
 
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton._runtime import launch_options
+from fedsync.kernels.triton._runtime import launch_options
 
 __all__ = [
     "bitmap_encode",
@@ -129,7 +129,7 @@ def _rice_bits(word_ptr, gap_ptr, off_ptr, n, k, BLOCK: tl.constexpr):
 def pack_bits(values: torch.Tensor, width: int) -> torch.Tensor:
     """Pack unsigned integers (any integer dtype, read as unsigned) into a uint8
     tensor of ``packed_nbytes(n, width)`` bytes, on the device: the bytes of
-    :func:`kernels.bitpack.pack_bits`."""
+    :func:`fedsync.kernels.bitpack.pack_bits`."""
     if not 1 <= width <= MAX_WIDTH:
         raise ValueError(f"bit width must be in 1..{MAX_WIDTH}, got {width}")
     n = values.numel()

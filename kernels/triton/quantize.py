@@ -2,13 +2,13 @@
 
 * uniform: one program per chunk of kept values finds the chunk's min and max,
   its scale, and every code while the chunk is in registers or L1 -- the arithmetic
-  of :mod:`kernels.quantize` (float32 subtract, correctly rounded divide,
+  of :mod:`fedsync.kernels.quantize` (float32 subtract, correctly rounded divide,
   round-half-to-even, clamp). Where several values tie for the min or the max, the
   first one wins, as in the CPU's sequential loop: that is what decides whether a
   chunk's min is ``-0.0`` or ``+0.0``.
 * QSGD and ternary: one element per thread; the uniform comes from ``tl.randint``
   (Philox4x32-10) keyed by the seed and counted by the element's position, which
-  :mod:`kernels.philox` reproduces on the CPU.
+  :mod:`fedsync.kernels.philox` reproduces on the CPU.
 * sign: a comparison, plus the fixed-order sum of :mod:`.reduce`.
 
 Divisions use ``tl.math.div_rn`` (Triton's ``/`` on float32 is an approximation on
@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.philox import split_seed
-from kernels.triton import reduce as _reduce
-from kernels.triton._runtime import launch_options
+from fedsync.kernels.philox import split_seed
+from fedsync.kernels.triton import reduce as _reduce
+from fedsync.kernels.triton._runtime import launch_options
 
 __all__ = [
     "qsgd_dequantize",
@@ -158,7 +158,7 @@ def uniform_quantize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes (uint8), mins and scales (float32), on the device; the CPU's bits.
 
-    The contract of :func:`kernels.quantize.uniform_quantize`.
+    The contract of :func:`fedsync.kernels.quantize.uniform_quantize`.
     """
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be in 1..8, got {bits}")

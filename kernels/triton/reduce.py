@@ -1,9 +1,9 @@
-"""Fixed-order float64 sums on the device: the Triton twins of :mod:`kernels.ordered_sums`.
+"""Fixed-order float64 sums on the device: the Triton twins of :mod:`fedsync.kernels.ordered_sums`.
 
-Each kernel runs the order :mod:`kernels.ordered_sums` writes down, so the CPU and
+Each kernel runs the order :mod:`fedsync.kernels.ordered_sums` writes down, so the CPU and
 the GPU produce the same float64 partials bit for bit (see that module for why
 this matters and what the order is). The last step, :func:`math.fsum` of at most
-:data:`~kernels.ordered_sums.LANES2` partials, runs on the host for both.
+:data:`~fedsync.kernels.ordered_sums.LANES2` partials, runs on the host for both.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.ordered_sums import LANES, LANES2, finish_second
-from kernels.triton._runtime import launch_options
+from fedsync.kernels.ordered_sums import LANES, LANES2, finish_second
+from fedsync.kernels.triton._runtime import launch_options
 
 __all__ = ["abs_moments", "abs_sum", "chunk_norms", "chunk_sumsq", "moments"]
 
@@ -101,7 +101,7 @@ def _second(partials: torch.Tensor, lanes2: int) -> float:
 
 def abs_moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tuple[float, float]:
     """``(sum |x|, sum x**2)`` of a 1-d contiguous float32 device tensor, in the
-    order of :func:`kernels.ordered_sums.ordered_abs_moments` (same bits)."""
+    order of :func:`fedsync.kernels.ordered_sums.ordered_abs_moments` (same bits)."""
     n = x.numel()
     if n == 0:
         return 0.0, 0.0
@@ -117,7 +117,7 @@ def abs_moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tu
 
 def moments(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> tuple[float, float]:
     """``(sum x, sum x**2)`` of a 1-d contiguous float32 or float64 device tensor, as
-    :func:`kernels.ordered_sums.ordered_moments` (same bits)."""
+    :func:`fedsync.kernels.ordered_sums.ordered_moments` (same bits)."""
     n = x.numel()
     if n == 0:
         return 0.0, 0.0
@@ -145,7 +145,7 @@ def abs_sum(x: torch.Tensor, lanes: int = LANES, lanes2: int = LANES2) -> float:
 
 def chunk_sumsq(values: torch.Tensor, chunk: int) -> torch.Tensor:
     """Per-chunk ``sum v*v`` (float64, on the device), as
-    :func:`kernels.ordered_sums.chunk_sumsq`."""
+    :func:`fedsync.kernels.ordered_sums.chunk_sumsq`."""
     n = values.numel()
     nchunks = triton.cdiv(n, chunk)
     out = torch.empty(nchunks, dtype=torch.float64, device=values.device)
@@ -156,7 +156,8 @@ def chunk_sumsq(values: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 def chunk_norms(values: torch.Tensor, chunk: int) -> torch.Tensor:
-    """QSGD's per-chunk norms (float32, on the device), as :func:`kernels.ordered_sums.chunk_norms`.
+    """QSGD's per-chunk norms (float32, on the device), as
+    :func:`fedsync.kernels.ordered_sums.chunk_norms`.
 
     The square root and the rounding to float32 are torch ops: both are correctly
     rounded on every device, like numpy's on the CPU.

@@ -15,7 +15,7 @@ order, so each slot sees its additions in the same order as on the CPU, and the
 buffer is bit-identical.
 
 The fused variant decodes uniform codes on the fly (``code * scale + min``, two
-roundings, as :func:`kernels.quantize.uniform_dequantize`), so the float values of
+roundings, as :func:`fedsync.kernels.quantize.uniform_dequantize`), so the float values of
 an update are never written out.
 """
 
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton._runtime import launch_options
+from fedsync.kernels.triton._runtime import launch_options
 
 __all__ = ["scatter_add_", "scatter_add_uniform_"]
 

@@ -12,7 +12,7 @@ exact count; the rare overflow is then repaired by one exact pass that writes ev
 survivor straight to its final slot (the counts are known by then). With no
 ``limit`` or a limit near ``n``, the exact two-pass path is used from the start.
 
-Exact top-k follows the CPU's algorithm (:func:`kernels.select.exact_topk`): a
+Exact top-k follows the CPU's algorithm (:func:`fedsync.kernels.select.exact_topk`): a
 stratified sample's order statistic is a threshold a little below the k-th largest
 magnitude, one selection keeps ~1.5 k candidates and the exact k-th value is found
 among those with ``torch.topk`` (on ~1.5 k values, where it is cheap). The kept set
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import select as _cpu
-from kernels.triton._runtime import launch_options
+from fedsync.kernels import select as _cpu
+from fedsync.kernels.triton._runtime import launch_options
 
 __all__ = [
     "BLOCK",
@@ -111,7 +111,7 @@ def _gather_regions(
 def _stratified_abs(x_ptr, n, s, q, r, seed, pos_ptr, abs_ptr, BLOCK: tl.constexpr):
     """Stratum ``i``'s draw, its position and ``|x|`` there.
 
-    The arithmetic of ``kernels.select._stratum_draw``: one splitmix64 step from the
+    The arithmetic of ``fedsync.kernels.select._stratum_draw``: one splitmix64 step from the
     state ``seed ^ (i * 0xD1B54A32D192ED03)``, so every stratum draws on its own.
     """
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -173,7 +173,7 @@ def threshold_select(
 ) -> DeviceSelection:
     """Positions and values of the entries with ``not |x| <= float32(threshold)``.
 
-    The contract of :func:`kernels.select.threshold_select` (the CPU kernel), with
+    The contract of :func:`fedsync.kernels.select.threshold_select` (the CPU kernel), with
     tensors on ``x``'s device: same count, same positions, same values.
 
     Parameters
@@ -226,7 +226,7 @@ def threshold_select(
 
 
 def stratified_positions(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CPU's stratified sample (:func:`kernels.select.stratified_positions`)
+    """The CPU's stratified sample (:func:`fedsync.kernels.select.stratified_positions`)
     drawn on the device, and ``|x|`` there: ``(positions int64, magnitudes float32)``.
 
     Bit-identical positions: splitmix64 is integer arithmetic, and the one float
@@ -248,7 +248,7 @@ def stratified_positions(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tens
 
 
 def sample_positions(x: torch.Tensor, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CPU's threshold sample (:func:`kernels.select.sample_positions`) on the
+    """The CPU's threshold sample (:func:`fedsync.kernels.select.sample_positions`) on the
     device: ``(positions int64, magnitudes float32)``, ``sample_size(n, s)`` of each.
 
     A sparse sample takes whole cache lines: the line of each stratum is the
@@ -281,7 +281,7 @@ def topk_of_candidates(indices: torch.Tensor, values: torch.Tensor, k: int) -> t
 
     ``indices`` are increasing, so ties resolved by order within the candidates are
     ties resolved by position; ``NaN`` ranks as ``+inf`` (the rule of
-    :func:`kernels.select.keep_top_k`).
+    :func:`fedsync.kernels.select.keep_top_k`).
     """
     m = values.numel()
     if k >= m:
@@ -299,7 +299,7 @@ def topk_of_candidates(indices: torch.Tensor, values: torch.Tensor, k: int) -> t
 def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     """Increasing positions of the ``k`` largest ``|x|`` (ties to lower positions).
 
-    Same set as :func:`kernels.select.exact_topk` on the CPU (module docstring).
+    Same set as :func:`fedsync.kernels.select.exact_topk` on the CPU (module docstring).
     """
     n = x.numel()
     k = max(0, min(int(k), n))

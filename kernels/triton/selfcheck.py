@@ -1,6 +1,6 @@
 """Check the compiled Triton kernels on a real device against the CPU path.
 
-Run on a machine with a GPU (``python -m kernels.triton.selfcheck``); the unit tests
+Run on a machine with a GPU (``python -m fedsync.kernels.triton.selfcheck``); the unit tests
 check the same contracts with the interpreter, this checks what the compiler made
 of them: FMA contraction, approximate division, reduction order, atomics. Exit
 status 0 when every comparison is bit-identical, 1 otherwise (each mismatch is
@@ -27,12 +27,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[str]:
     """Run every comparison on ``device``; return the names of those that differ."""
-    from kernels import bitpack
-    from kernels import index_coding as cpu_index
-    from kernels import ordered_sums as ordered
-    from kernels import quantize as cpu_q
-    from kernels import select as cpu_s
-    from kernels.triton import pack, quantize, reduce, scatter, select
+    from fedsync.kernels import bitpack
+    from fedsync.kernels import index_coding as cpu_index
+    from fedsync.kernels import ordered_sums as ordered
+    from fedsync.kernels import quantize as cpu_q
+    from fedsync.kernels import select as cpu_s
+    from fedsync.kernels.triton import pack, quantize, reduce, scatter, select
 
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32)

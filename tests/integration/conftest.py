@@ -11,7 +11,7 @@ import pytest
 
 if TYPE_CHECKING:
     from fedsync.deploy import LocalDeployment
-    from simulations.results import Comparison, RunResult
+    from fedsync.simulations.results import Comparison, RunResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,16 +36,16 @@ def live_group_members(pgids: Iterable[int]) -> list[int]:
 
 
 def run_comparison(name: str, tmp_path: Path) -> tuple[Comparison, list[RunResult]]:
-    """Run a shipped scenario through the real app, as ``python -m simulations.compare``
+    """Run a shipped scenario through the real app, as ``python -m fedsync.simulations.compare``
     does; write its reports to ``tmp_path/out``.
 
     Asserts that the runner started processes and left none running (checked even when
     a run raised), and that every run completed.
     """
-    from simulations.compare import ComparisonRunner
-    from simulations.report import write_reports
-    from simulations.results import build_comparison
-    from simulations.scenario import load_scenario
+    from fedsync.simulations.compare import ComparisonRunner
+    from fedsync.simulations.report import write_reports
+    from fedsync.simulations.results import build_comparison
+    from fedsync.simulations.scenario import load_scenario
 
     scenario = load_scenario(name)
     runner = ComparisonRunner(scenario, tmp_path / "runs")

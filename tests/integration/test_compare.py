@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.scenario import load_scenario
+from fedsync.simulations.scenario import load_scenario
 from tests.integration.conftest import run_comparison
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]

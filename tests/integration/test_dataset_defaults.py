@@ -101,7 +101,7 @@ def test_a_diverging_run_warns_and_exits_non_zero(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "simulations.cli",
+        "fedsync.simulations.cli",
         "run",
         "--supernodes",
         "4",

@@ -44,7 +44,7 @@ def test_the_main_command_completes_and_leaves_nothing_running(
     command = [
         sys.executable,
         "-m",
-        "simulations.cli",
+        "fedsync.simulations.cli",
         "compare",
         "quickstart",
         "--scale",

@@ -18,8 +18,8 @@ import torch
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import mask_digest, prunable
 from fedsync.reports import read_events
+from fedsync.server.checkpoint import load_checkpoint
 from fedsync.task import tensor_specs
-from server.checkpoint import load_checkpoint
 from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -1,4 +1,5 @@
-"""The warm worker (clients.worker) behind the thin ClientApp (clients.warm), real processes.
+"""The warm worker (fedsync.clients.worker) behind the thin ClientApp (fedsync.clients.warm),
+real processes.
 
 Each test talks to a real worker process over its real Unix socket, with real Flower
 messages of the real app (dense train tasks of the digits MLP); faults are real too: a
@@ -21,9 +22,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.app.message.message import make_message
 from flwr.app.metadata import Metadata
 
-from clients.warm import WorkerClient
-from clients.worker_channel import PID_NAME, ChannelError, read_token, secure_dir
 from fedsync import protocol
+from fedsync.clients.warm import WorkerClient
+from fedsync.clients.worker_channel import PID_NAME, ChannelError, read_token, secure_dir
 from fedsync.config import RunConfig, SettingsError
 from fedsync.task import model_for
 
@@ -168,7 +169,7 @@ def test_an_open_worker_dir_is_refused(tmp_path: Path) -> None:
 
 
 def test_node_device_wins_over_the_run_config() -> None:
-    from clients.runtime import ClientRuntime
+    from fedsync.clients.runtime import ClientRuntime
 
     _message, context = _task(epochs=1)
     context.run_config["device"] = "cuda:0"  # what the run asks; the node says cpu

@@ -2,7 +2,7 @@
 real ClientApp path, and what bad factors do.
 
 The engine (:class:`fedsync.engine.AggregationEngine`) plans tasks with a side and the
-frozen factor; the device side is :func:`clients.compressed.train_compressed` (decode,
+frozen factor; the device side is :func:`fedsync.clients.compressed.train_compressed` (decode,
 train on digits, encode) with hand-built Flower messages, as in ``test_client_state``.
 """
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
-from clients.ab_training import FactoredModel, FactorTaskError, decode_frozen
-from clients.compressed import train_compressed
-from clients.runtime import ClientRuntime
 from fedsync import protocol
+from fedsync.clients.ab_training import FactoredModel, FactorTaskError, decode_frozen
+from fedsync.clients.compressed import train_compressed
+from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, TaskPlan

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fedsync.analysis.cli import main
 from fedsync.analysis.report import OVERALL
-from simulations.cli import app
+from fedsync.simulations.cli import app
 
 FAST = "strategy='fedbuff' local-epochs=1 local-steps=4 buffer-size=2 density-start=0.05"
 PNGS = ("union_growth.png", "index_coding.png", "imbalance.png", "overlap.png")

@@ -24,15 +24,15 @@ import torch
 from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import server.channel as channel
+import fedsync.server.channel as channel
 from fedsync import protocol
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunRecorder, read_events
+from fedsync.server.checkpoint import AsyncCheckpoint
+from fedsync.server.run_async import AsyncResult, run_async
 from fedsync.updates import SparseTensor, SparseUpdate, TensorSpec
 from fedsync.wire import UnexpectedCodec
-from server.checkpoint import AsyncCheckpoint
-from server.run_async import AsyncResult, run_async
 
 SHAPES = {"layer.weight": (32, 16), "layer.bias": (16,)}
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.bitpack import MAX_WIDTH, pack_bits, packed_nbytes, unpack_bits
+from fedsync.kernels.bitpack import MAX_WIDTH, pack_bits, packed_nbytes, unpack_bits
 
 
 def _reference_pack(values: np.ndarray, width: int) -> np.ndarray:

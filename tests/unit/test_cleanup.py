@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.cleanup import descendants, stop_superlink
+from fedsync.simulations.cleanup import descendants, stop_superlink
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedsync.config import SettingsError
-from simulations.cli import app, parse_run_config, shipped
+from fedsync.simulations.cli import app, parse_run_config, shipped
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()

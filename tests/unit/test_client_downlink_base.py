@@ -3,7 +3,7 @@
 In Flower's simulation every node's ``context.state`` lives in one process, so a copy
 of the model per node there is memory that grows with the number of nodes; a run whose
 downlinks are all ``full`` has no use for it. The real ClientApp path runs here
-(:func:`clients.compressed.train_compressed` on digits), as in ``test_client_state``.
+(:func:`fedsync.clients.compressed.train_compressed` on digits), as in ``test_client_state``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from clients.compressed import CODEC_STATE, DOWNLINK_BASE, train_compressed
-from clients.runtime import ClientRuntime
+from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE, train_compressed
+from fedsync.clients.runtime import ClientRuntime
 from tests.unit.test_client_state import RUN_CONFIG, _task_identity, global_model, task
 
 __all__ = ["_task_identity"]  # the module-scoped fixture Message() needs

@@ -1,7 +1,7 @@
 """A node in a pruned run: it keeps the masks a task delivers, trains the subnetwork, and
 sends values at the kept positions only.
 
-The real ClientApp path runs (:func:`clients.compressed.train_compressed`: decode the
+The real ClientApp path runs (:func:`fedsync.clients.compressed.train_compressed`: decode the
 downlink, train on digits, encode), with hand-built Flower Messages as in
 ``test_client_state``; a "restart" is a fresh ``Context``.
 """
@@ -14,14 +14,14 @@ import pytest
 import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
-from clients.compressed import (
+from fedsync import protocol
+from fedsync.clients.compressed import (
     PRUNING_MASK,
     PruningMaskError,
     _hold_pruned_at_zero,
     train_compressed,
 )
-from clients.runtime import ClientRuntime
-from fedsync import protocol
+from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import apply_masks, magnitude_masks, mask_digest, masked_spec
 from fedsync.data import ArrayDataset

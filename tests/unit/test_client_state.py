@@ -1,6 +1,6 @@
 """The codec's sender memory survives a SuperNode restart when ``state-dir`` is set.
 
-These run the real ClientApp path (:func:`clients.compressed.train_compressed`: decode
+These run the real ClientApp path (:func:`fedsync.clients.compressed.train_compressed`: decode
 the downlink, train on digits, error-feedback encode) with hand-built Flower Messages.
 A "restart" is a fresh ``Context`` (empty ``context.state``), as a restarted SuperNode
 gets; the reference is the same node without a restart.
@@ -19,10 +19,10 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from clients.compressed import CODEC_STATE, train_compressed
-from clients.runtime import ClientRuntime
-from clients.state_store import JOURNAL, CodecStateStore
 from fedsync import protocol
+from fedsync.clients.compressed import CODEC_STATE, train_compressed
+from fedsync.clients.runtime import ClientRuntime
+from fedsync.clients.state_store import JOURNAL, CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.persist import file_digest, load_arrays, save_arrays

@@ -34,9 +34,9 @@ from fedsync.compression import (
 )
 from fedsync.compression.pipeline import flatten
 from fedsync.compression.seeding import derive_seed
+from fedsync.kernels.dispatch import TorchBackend, register_backend
 from fedsync.updates import CompressedTensor, IndexMode, QuantizedValues, TensorSpec
 from fedsync.wire import SchemaRequired, UnexpectedCodec, decode_frame, encode_frame
-from kernels.dispatch import TorchBackend, register_backend
 
 SPARSIFIERS = [
     "none",

@@ -19,9 +19,9 @@ from fedsync.compression.errors import SpecError, UnknownCodec
 from fedsync.compression.quantizers.qsgd import QSGDConfig
 from fedsync.compression.quantizers.uniform import UniformConfig
 from fedsync.compression.spec import parse_spec
+from fedsync.kernels.sample import sorted_sample
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import PayloadError, decode_frame, encode_frame
-from kernels.sample import sorted_sample
 
 HUGE = "9" * 400
 

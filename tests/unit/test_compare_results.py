@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulations.report import main, write_reports
-from simulations.results import (
+from fedsync.simulations.report import main, write_reports
+from fedsync.simulations.results import (
     EvalPoint,
     RunResult,
     build_comparison,
@@ -18,7 +18,7 @@ from simulations.results import (
     read_series,
     staleness_bins,
 )
-from simulations.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from fedsync.simulations.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 
 
 def _series(*points: tuple[float, int, float]) -> list[EvalPoint]:

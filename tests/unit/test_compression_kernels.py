@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import dispatch
-from kernels.dispatch import NumbaCpuBackend, TorchBackend, backend_for, register_backend
-from kernels.quantize import qsgd_quantize, uniform_dequantize, uniform_quantize
-from kernels.select import (
+from fedsync.kernels import dispatch
+from fedsync.kernels.dispatch import NumbaCpuBackend, TorchBackend, backend_for, register_backend
+from fedsync.kernels.quantize import qsgd_quantize, uniform_dequantize, uniform_quantize
+from fedsync.kernels.select import (
     TILE,
     abs_moments,
     exact_topk,
@@ -225,7 +225,7 @@ def test_kernels_reject_wrong_arrays() -> None:
 def test_one_thread_takes_the_serial_path_with_the_same_result() -> None:
     import numba
 
-    from kernels import quantize
+    from fedsync.kernels import quantize
 
     # Long enough for the parallel path of both kernels (the quantizer's threshold is
     # the larger one), so the two calls below really take different paths.
@@ -259,9 +259,9 @@ def test_qsgd_is_unbiased_and_seeded() -> None:
 
 
 def test_qsgd_parallel_path_gives_the_serial_codes() -> None:
-    from kernels import quantize
-    from kernels.ordered_sums import chunk_norms
-    from kernels.philox import philox_uniform
+    from fedsync.kernels import quantize
+    from fedsync.kernels.ordered_sums import chunk_norms
+    from fedsync.kernels.philox import philox_uniform
 
     n = quantize._STOCHASTIC_SERIAL_BELOW + 999  # qsgd_quantize takes the parallel loop
     x = make_data(9, n, "heavy")

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedsync.kernels.context_coding import context_decode, context_encode
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import (
     CountMismatch,
@@ -27,7 +28,6 @@ from fedsync.wire.index_coding import (
     index_candidates,
 )
 from fedsync.wire.testing import FrameBuilder
-from kernels.context_coding import context_decode, context_encode
 
 
 def clustered(rng: np.random.Generator, rows: int, width: int, density: float) -> np.ndarray:

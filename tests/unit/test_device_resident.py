@@ -32,10 +32,10 @@ import fedsync.codec as codec_module
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pipeline import build_pipeline, flatten
 from fedsync.compression.spec import parse_spec
+from fedsync.kernels import dispatch
+from fedsync.kernels import triton as kt
+from fedsync.kernels.bitpack import pack_bits
 from fedsync.wire import encode_frame
-from kernels import dispatch
-from kernels import triton as kt
-from kernels.bitpack import pack_bits
 from tests.unit.frame_golden import GOLDEN, GOLDEN_SPECS, STEPS, digest, golden_update
 
 WANT: dict[str, list[str]] = json.loads(GOLDEN.read_text())
@@ -255,7 +255,7 @@ def test_triton_backend_keeps_the_update_on_the_device(
     monkeypatch.setitem(dispatch._BACKENDS, "cpu", kt.get_backend())
     # The fixed-order sums (sign's scale) finish on the host from at most 1024 float64
     # lane partials: a size set by the lane count, not by the update.
-    _check_resident(spec, transfers, besides=("kernels.triton.reduce",))
+    _check_resident(spec, transfers, besides=("fedsync.kernels.triton.reduce",))
     assert all(n <= 1024 for _, n in transfers.of("compress"))
 
 
@@ -349,6 +349,6 @@ def test_cuda_update_stays_on_the_device_up_to_the_frame(
     transfers.calls.clear()
     _frames(spec, "cuda")
     # As interpreted: only the fixed-order sums' lane partials may cross early.
-    assert transfers.of("compress", besides=("kernels.triton.reduce",)) == []
+    assert transfers.of("compress", besides=("fedsync.kernels.triton.reduce",)) == []
     assert all(n <= 1024 for _, n in transfers.of("compress"))
     assert [kind for kind, _ in transfers.of("frame")] == ["cpu"] * STEPS

@@ -12,15 +12,15 @@ from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
-from fedsync.task import model_for, model_state
-from simulations.fidelity import DEFAULT_SCENARIO, main
-from simulations.fidelity_setup import Calibration, FidelitySetup
-from simulations.scenario import (
+from fedsync.simulations.fidelity import DEFAULT_SCENARIO, main
+from fedsync.simulations.fidelity_setup import Calibration, FidelitySetup
+from fedsync.simulations.scenario import (
     ScenarioError,
     app_run_config_defaults,
     load_scenario,
     parse_scenario,
 )
+from fedsync.task import model_for, model_state
 
 
 def _task(index: int, examples: int, compute: float, round_trip: float) -> TaskTiming:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedsync.kernels import index_coding as kern
 from fedsync.wire import (
     CountMismatch,
     IndexOutOfRange,
@@ -29,7 +30,6 @@ from fedsync.wire.index_coding import (
     max_param,
     rice_nbytes_bounds,
 )
-from kernels import index_coding as kern
 
 # --------------------------------------------------------------------------------------
 # Independent reference encoders, one bit at a time, straight from the definitions.

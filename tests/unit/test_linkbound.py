@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.clock import load_fleet
-from simulations.linkbound import bytes_by_kind, device_loads, main, summarize
+from fedsync.simulations.linkbound import bytes_by_kind, device_loads, main, summarize
 
 
 def _log(path: Path, arrivals: list[tuple[int, int, int]], **run_config: object) -> Path:

@@ -1,6 +1,6 @@
 """The uplink codec's memory stays live on the node's device between tasks.
 
-The real ClientApp path (:func:`clients.compressed.train_compressed` on digits, as in
+The real ClientApp path (:func:`fedsync.clients.compressed.train_compressed` on digits, as in
 ``test_client_state``), with the live state switched on for the CPU (it is on for
 accelerators only; the CPU stands in here), must send exactly what a node reloading
 ``context.state`` sends, keep the very same residual tensors from task to task, and
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-import clients.compressed as compressed
-from clients.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
+import fedsync.clients.compressed as compressed
+from fedsync.clients.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
 from fedsync.codec import UpdateCodec
 from tests.unit import test_client_state as client_state
 from tests.unit.test_client_state import fresh_context, task, uplink

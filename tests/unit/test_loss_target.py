@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from simulations.report import write_reports
-from simulations.results import EvalPoint, RunResult, build_comparison, first_reaching_loss
-from simulations.scenario import Scenario, ScenarioError, TargetRule, parse_scenario
+from fedsync.simulations.report import write_reports
+from fedsync.simulations.results import EvalPoint, RunResult, build_comparison, first_reaching_loss
+from fedsync.simulations.scenario import Scenario, ScenarioError, TargetRule, parse_scenario
 
 
 def _points(*points: tuple[float, int, float]) -> list[EvalPoint]:

@@ -6,7 +6,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from fedsync import protocol
 from fedsync.protocol import NodeProfile
-from server.probe import device_order
+from fedsync.server.probe import device_order
 
 
 def test_profile_round_trips_through_its_record() -> None:
@@ -34,6 +34,6 @@ def test_device_order_is_by_partition_then_silent_nodes_by_id() -> None:
 
 
 def test_the_thin_client_app_spells_the_same_node_config_key() -> None:
-    import clients.warm
+    import fedsync.clients.warm
 
-    assert clients.warm.DEVICE_CLASS == protocol.DEVICE_CLASS
+    assert fedsync.clients.warm.DEVICE_CLASS == protocol.DEVICE_CLASS

@@ -1,7 +1,7 @@
 """The CPU twins' generator and sums on their own (no Triton needed).
 
-:mod:`kernels.philox` draws the uniforms of the stochastic quantizers and
-:mod:`kernels.ordered_sums` adds in one fixed order; ``test_triton_rng_order.py``
+:mod:`fedsync.kernels.philox` draws the uniforms of the stochastic quantizers and
+:mod:`fedsync.kernels.ordered_sums` adds in one fixed order; ``test_triton_rng_order.py``
 checks the Triton kernels against them bit for bit.
 """
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import ordered_sums as ordered
-from kernels.philox import philox_uniform, split_seed
+from fedsync.kernels import ordered_sums as ordered
+from fedsync.kernels.philox import philox_uniform, split_seed
 
 
 def test_philox_uniforms_are_exact_24_bit_floats() -> None:

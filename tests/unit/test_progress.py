@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.progress import LoopProgress, interactive, track
-from simulations.progress import ComparisonProgress, EventTail, RunState, budget_of
+from fedsync.simulations.progress import ComparisonProgress, EventTail, RunState, budget_of
 
 
 def test_the_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from simulations.compare import ComparisonRunner
-from simulations.scenario import (
+from fedsync.simulations.compare import ComparisonRunner
+from fedsync.simulations.scenario import (
     PROJECT_ROOT,
     SCENARIO_DIR,
     ScenarioError,

@@ -29,10 +29,10 @@ from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, TaskPlan
 from fedsync.reports import RunRecorder
+from fedsync.server.checkpoint import CheckpointStore, load_checkpoint
+from fedsync.server.journal import RunJournal
 from fedsync.updates import TensorSpec
 from fedsync.wire.mask import decode_masks
-from server.checkpoint import CheckpointStore, load_checkpoint
-from server.journal import RunJournal
 
 CUDA = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"

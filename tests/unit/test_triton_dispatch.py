@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels import triton as kt
+from fedsync.kernels import dispatch
+from fedsync.kernels import triton as kt
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,14 +34,14 @@ class Block:
             raise ImportError("triton blocked for this test")
 sys.meta_path.insert(0, Block())
 import torch
-import kernels.triton as kt
+import fedsync.kernels.triton as kt
 assert not kt.AVAILABLE and "blocked" in kt.TRITON_ERROR
 assert "triton" not in sys.modules
 assert kt.install() is False and not kt.runs_on(torch.zeros(1))
 acc = torch.zeros(5)
 kt.scatter_add_(acc, torch.tensor([1, 3]), torch.tensor([2.0, 4.0]), 0.5)
 assert acc.tolist() == [0.0, 1.0, 0.0, 2.0, 0.0]
-from kernels import dispatch, ordered_sums, philox, quantize  # the CPU twins need no triton
+from fedsync.kernels import dispatch, ordered_sums, philox, quantize  # the CPU twins need no triton
 from fedsync.aggregation.buffer import UpdateBuffer
 print("ok")
 """
@@ -53,16 +53,16 @@ print("ok")
 
 
 def test_cpu_kernels_and_codecs_do_not_import_the_triton_package() -> None:
-    # The layering: kernels.triton imports the CPU twins from kernels, never the
-    # reverse; a CPU encode runs without kernels.triton being loaded at all.
+    # The layering: fedsync.kernels.triton imports the CPU twins from kernels, never the
+    # reverse; a CPU encode runs without fedsync.kernels.triton being loaded at all.
     code = """
 import sys
 import torch
 from fedsync.compression import build_pipeline, parse_spec
-from kernels import dispatch, ordered_sums, philox, quantize
+from fedsync.kernels import dispatch, ordered_sums, philox, quantize
 for spec in ("sidco:0.01+qsgd:4", "topk:0.05+ternary", "randomk:0.1+sign"):
     build_pipeline(parse_spec(spec)).compress_update({"w": torch.randn(4096)}, seed=3)
-loaded = sorted(m for m in sys.modules if m.startswith("kernels.triton"))
+loaded = sorted(m for m in sys.modules if m.startswith("fedsync.kernels.triton"))
 assert not loaded, loaded
 print("ok")
 """

@@ -38,7 +38,7 @@ def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess[str
 
 
 def test_compiled_kernels_match_the_cpu_bit_for_bit() -> None:
-    out = _run(["-m", "kernels.triton.selfcheck", "--device", "cuda", "--n", "4000003"])
+    out = _run(["-m", "fedsync.kernels.triton.selfcheck", "--device", "cuda", "--n", "4000003"])
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -46,8 +46,8 @@ def test_codec_on_cuda_gives_the_cpu_bytes() -> None:
     code = """
 import torch
 from fedsync.codec import UpdateCodec
-from kernels import dispatch
-import kernels.triton as kt
+from fedsync.kernels import dispatch
+import fedsync.kernels.triton as kt
 assert kt.install()
 specs = ["topk:0.01+uniform:8", "dgc:0.001+uniform:4", "sidco:0.01+fp16",
          "topk:0.05+qsgd:16", "topk:0.05+ternary", "topk:0.05+sign", "dgc:0.01+uniform:8+ef"]
@@ -74,7 +74,7 @@ def test_cuda_tensors_select_triton_without_asking() -> None:
     a client's codec and for the server's aggregation buffer alike."""
     code = """
 import torch
-from kernels import dispatch
+from fedsync.kernels import dispatch
 from fedsync.aggregation.buffer import UpdateBuffer
 from fedsync.codec import UpdateCodec
 from fedsync.updates import TensorSpec

@@ -12,16 +12,16 @@ import torch
 
 pytest.importorskip("triton")
 
+from fedsync.kernels import bitpack
+from fedsync.kernels import index_coding as cpu_index
+from fedsync.kernels.triton import _runtime
 from fedsync.wire.index_coding import IndexPlan, ef_nbytes, encode_indices
-from kernels import bitpack
-from kernels import index_coding as cpu_index
-from kernels.triton import _runtime
 
 pytestmark = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
 )
 
-from kernels.triton import pack as dev  # noqa: E402
+from fedsync.kernels.triton import pack as dev  # noqa: E402
 
 
 def _unsigned(width: int) -> type:

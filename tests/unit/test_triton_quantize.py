@@ -12,14 +12,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import quantize as cpu_q
-from kernels.triton import _runtime
+from fedsync.kernels import quantize as cpu_q
+from fedsync.kernels.triton import _runtime
 
 pytestmark = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
 )
 
-from kernels.triton import quantize as dev  # noqa: E402
+from fedsync.kernels.triton import quantize as dev  # noqa: E402
 
 
 def values(seed: int, n: int) -> np.ndarray:

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import ordered_sums as ordered
-from kernels.philox import philox_u32
+from fedsync.kernels import ordered_sums as ordered
+from fedsync.kernels.philox import philox_u32
 
 pytest.importorskip("triton")
 
 import triton
 import triton.language as tl
 
-from kernels.triton import _runtime
+from fedsync.kernels.triton import _runtime
 
 interpreted = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
@@ -53,7 +53,7 @@ def test_philox_is_tl_randint(seed: int, start: int) -> None:
     [(1, ordered.LANES, ordered.LANES2), (5000, ordered.LANES, ordered.LANES2), (20_011, 999, 17)],
 )
 def test_device_sums_have_the_cpu_bits(n: int, lanes: int, lanes2: int) -> None:
-    from kernels.triton import reduce
+    from fedsync.kernels.triton import reduce
 
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * np.exp(4 * rng.standard_normal(n))).astype(np.float32)
@@ -67,7 +67,7 @@ def test_device_sums_have_the_cpu_bits(n: int, lanes: int, lanes2: int) -> None:
 @interpreted
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_signed_moments_have_the_cpu_bits(dtype: type) -> None:
-    from kernels.triton import reduce
+    from fedsync.kernels.triton import reduce
 
     rng = np.random.default_rng(7)
     x: np.ndarray = (rng.standard_normal(30_001) * 3).astype(dtype)

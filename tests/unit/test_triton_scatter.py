@@ -12,14 +12,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.quantize import uniform_dequantize, uniform_quantize
-from kernels.triton import _runtime
+from fedsync.kernels.quantize import uniform_dequantize, uniform_quantize
+from fedsync.kernels.triton import _runtime
 
 pytestmark = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
 )
 
-from kernels.triton import scatter as dev  # noqa: E402
+from fedsync.kernels.triton import scatter as dev  # noqa: E402
 
 
 def test_many_updates_accumulate_like_index_add() -> None:

@@ -15,16 +15,16 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import select as cpu
-from kernels.dispatch import NumbaCpuBackend
-from kernels.triton import _runtime
+from fedsync.kernels import select as cpu
+from fedsync.kernels.dispatch import NumbaCpuBackend
+from fedsync.kernels.triton import _runtime
 
 pytestmark = pytest.mark.skipif(
     not _runtime.kernels_interpreted(), reason="needs the Triton interpreter on CPU tensors"
 )
 
-from kernels.triton import select as dev  # noqa: E402
-from kernels.triton.backend import TritonBackend  # noqa: E402
+from fedsync.kernels.triton import select as dev  # noqa: E402
+from fedsync.kernels.triton.backend import TritonBackend  # noqa: E402
 
 
 def data(seed: int, n: int, kind: str = "normal") -> np.ndarray:

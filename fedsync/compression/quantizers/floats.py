@@ -20,8 +20,8 @@ import torch
 from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import QuantizedValues
-from kernels.dispatch import backend_for
 
 __all__ = ["BF16", "FP16", "FP32", "Bf16Config", "Fp16Config", "Fp32Config"]
 

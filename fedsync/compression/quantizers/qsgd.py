@@ -8,9 +8,9 @@ probability of rounding up being the fractional part) and its sign; it comes bac
 Code layout: ``code = 2 * l + (v < 0)``; ``bits = 1 + bit_length(s)``. The norms travel
 as the float32 param ``"norm"``, one per chunk. The uniforms come from Philox, a
 counter-based generator (value ``i`` draws from ``(seed, i)``, as ``tl.randint`` does
-on a GPU; :mod:`kernels.philox`), and each norm is summed in index order, so
+on a GPU; :mod:`fedsync.kernels.philox`), and each norm is summed in index order, so
 a CPU and a GPU run of the same spec and seed give the same codes
-(:mod:`kernels.quantize` states the arithmetic).
+(:mod:`fedsync.kernels.quantize` states the arithmetic).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerCon
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import derive_seed
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import QuantizedValues, device_tensor
-from kernels.dispatch import backend_for
 
 __all__ = ["QSGD", "QSGDConfig"]
 

@@ -16,8 +16,8 @@ import torch
 from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import QuantizedValues, device_tensor
-from kernels.dispatch import backend_for
 
 __all__ = ["Sign", "SignConfig"]
 

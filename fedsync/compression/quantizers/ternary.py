@@ -18,8 +18,8 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import BuildContext, QuantizerConfig
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import derive_seed
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import QuantizedValues, device_tensor
-from kernels.dispatch import backend_for
 
 __all__ = ["Ternary", "TernaryConfig"]
 
@@ -46,7 +46,7 @@ class Ternary(Quantizer):
         return 2
 
     def quantize(self, values: torch.Tensor, seed: int) -> QuantizedValues:
-        # Philox uniforms (kernels.philox): the same codes on every device.
+        # Philox uniforms (fedsync.kernels.philox): the same codes on every device.
         codes, scale = backend_for(values).ternary_quantize(
             values.detach(), derive_seed(seed, "ternary")
         )

@@ -5,7 +5,7 @@ Each chunk of ``chunk`` consecutive kept values gets ``min`` and
 ``rint((v - min) / scale)`` and comes back as ``code * scale + min``. Deterministic
 round-to-nearest: the error is at most half a step, ``scale / 2``, plus float32
 rounding (:meth:`Uniform.error_bound` states it exactly). The CPU work is one fused
-numba pass (:mod:`kernels.quantize`); other devices use the torch backend, which
+numba pass (:mod:`fedsync.kernels.quantize`); other devices use the torch backend, which
 computes the same codes.
 """
 
@@ -22,8 +22,8 @@ from fedsync.compression.base import Quantizer
 from fedsync.compression.config import MAX_STAGE_INT, BuildContext, QuantizerConfig, check_range
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import QuantizedValues, device_tensor
-from kernels.dispatch import backend_for
 
 __all__ = ["Uniform", "UniformConfig"]
 

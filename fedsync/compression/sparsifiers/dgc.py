@@ -5,7 +5,7 @@ small sample instead and keeps whatever lies above it:
 
 1. draw ``s = sample * numel`` positions, stratified so the sample covers the tensor
    evenly (for a sparse sample, whole cache lines: see
-   :func:`kernels.select.sample_positions`), and take the threshold that keeps
+   :func:`fedsync.kernels.select.sample_positions`), and take the threshold that keeps
    ``density * s`` of them; the sample is made large enough to expect >= 64 kept
    entries, below which the estimate is mostly noise;
 2. one fused pass counts and compacts the entries above it;
@@ -35,8 +35,8 @@ from fedsync.compression.config import BuildContext, SparsifierConfig, check_den
 from fedsync.compression.errors import NonFiniteInputError, SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.sparsifiers.topk import exact_topk_kept
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import TensorSpec
-from kernels.dispatch import backend_for
 
 __all__ = ["DGC", "DGCConfig"]
 

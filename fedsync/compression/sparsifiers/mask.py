@@ -4,7 +4,7 @@ Two ways to share the mask:
 
 * ``mask:<density>[,seed=<s>]`` derives it: for each tensor, ``round(density * numel)``
   positions drawn without replacement from a generator seeded by ``(seed, name)``
-  (:func:`kernels.sample.sorted_sample`: memory in proportion to the kept count).
+  (:func:`fedsync.kernels.sample.sorted_sample`: memory in proportion to the kept count).
   The decoder derives the same positions from the spec in the frame.
 * ``mask:digest=<hex>`` names explicit masks (name -> bool tensor) that both sides
   were given (``UpdateCodec(..., masks=...)``); the digest (BLAKE2b of names, shapes
@@ -29,8 +29,8 @@ from fedsync.compression.config import BuildContext, SparsifierConfig, check_den
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.seeding import rng_for
+from fedsync.kernels.sample import sorted_sample
 from fedsync.updates import IndexMode, TensorSpec
-from kernels.sample import sorted_sample
 
 __all__ = ["FixedMask", "MaskConfig", "mask_digest"]
 
@@ -125,7 +125,7 @@ class FixedMask(Sparsifier):
             assert self.config.density is not None
             k = target_count(spec.numel, self.config.density)
             # Memory in proportion to k, never to numel: a decoder derives these
-            # from a frame's declared shape (see kernels.sample).
+            # from a frame's declared shape (see fedsync.kernels.sample).
             positions = sorted_sample(rng_for(self.config.seed, spec.name, "mask"), spec.numel, k)
         else:
             mask = self._masks[spec.name].detach().to("cpu").reshape(-1)

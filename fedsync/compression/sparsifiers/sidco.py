@@ -20,9 +20,9 @@ threshold. ``dist`` picks the models: ``exp`` (every stage exponential), ``gpd``
 (every stage GPD) or ``gamma-gpd`` (gamma first, GPD after).
 
 Stage 1's moments come from a sample (``sample``, default 1 %): the same stratified
-cache-line sample DGC draws (:func:`kernels.select.sample_positions`, seeded per call),
+cache-line sample DGC draws (:func:`fedsync.kernels.select.sample_positions`, seeded per call),
 gathered as float32 magnitudes on the host and summed there in the fixed lane order
-of :mod:`kernels.ordered_sums` (1024 lanes). Every backend gathers the same values
+of :mod:`fedsync.kernels.ordered_sums` (1024 lanes). Every backend gathers the same values
 and the host sums them the same way, so the threshold is bit-identical on every
 device, and the cost is a gather of ``sample * numel`` values plus the one selection
 pass, instead of a full fixed-order float64 pass over the tensor (at 10M values that
@@ -62,9 +62,9 @@ from fedsync.compression.config import BuildContext, SparsifierConfig, check_den
 from fedsync.compression.errors import NonFiniteInputError, SpecError
 from fedsync.compression.registry import register
 from fedsync.compression.sparsifiers.topk import exact_topk_kept
+from fedsync.kernels.dispatch import KernelBackend, backend_for
+from fedsync.kernels.ordered_sums import LANES2, ordered_abs_moments
 from fedsync.updates import TensorSpec
-from kernels.dispatch import KernelBackend, backend_for
-from kernels.ordered_sums import LANES2, ordered_abs_moments
 
 __all__ = ["SIDCo", "SIDCoConfig", "fit_threshold"]
 
@@ -235,7 +235,7 @@ class SIDCo(Sparsifier):
                 m = excess.numel()
                 if m < 2:
                     break
-                # Fixed-order sums (kernels.ordered_sums): the same fit on every device.
+                # Fixed-order sums (fedsync.kernels.ordered_sums): the same fit on every device.
                 s1, s2 = backend.moments(excess)
                 mean = s1 / m
                 step = fit_threshold(

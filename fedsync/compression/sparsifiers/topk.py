@@ -1,7 +1,7 @@
 """Exact top-k by magnitude, ties broken towards lower positions.
 
 On CPU the numba backend finds the k-th largest magnitude from a sample-guided
-candidate pass (see :func:`kernels.select.exact_topk`) instead of a full selection;
+candidate pass (see :func:`fedsync.kernels.select.exact_topk`) instead of a full selection;
 elsewhere ``torch.topk`` gives it. Both apply the same tie rule, so the kept set is a
 function of the data alone.
 """
@@ -16,8 +16,8 @@ import torch
 from fedsync.compression.base import Kept, Sparsifier, target_count
 from fedsync.compression.config import BuildContext, SparsifierConfig, check_density
 from fedsync.compression.registry import register
+from fedsync.kernels.dispatch import backend_for
 from fedsync.updates import TensorSpec
-from kernels.dispatch import backend_for
 
 __all__ = ["TopK", "TopKConfig", "exact_topk_kept"]
 
