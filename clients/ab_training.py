@@ -21,7 +21,6 @@ from torch import nn
 from torch.func import functional_call
 
 from fedsync.codec import UpdateCodec
-from fedsync.config import CompressionSection
 from fedsync.factored import FactorShape, Side, factor_shapes, frozen_specs, other
 from fedsync.updates import TensorSpec, densify
 
@@ -36,12 +35,15 @@ def decode_frozen(
     payload: bytes,
     side: str,
     specs: Mapping[str, TensorSpec],
-    compression: CompressionSection,
+    *,
+    rank: int,
+    min_rate: float,
 ) -> tuple[Side, dict[str, FactorShape], dict[str, torch.Tensor]]:
     """The task's side, the factored tensors and their frozen factors, decoded.
 
-    The factor shapes follow from the model and ``ab-rank`` / ``ab-min-rate``, as on the
-    server; the frame is checked against them before anything is allocated.
+    The factor shapes follow from the model and the run's ``ab-rank`` (``rank``) and
+    ``ab-min-rate`` (``min_rate``), which the task carries, as on the server; the frame
+    is checked against them before anything is allocated.
 
     Raises
     ------
@@ -50,15 +52,14 @@ def decode_frozen(
     fedsync.wire.PayloadError
         If the frame is broken or holds factors of other shapes (it names the tensor).
     """
-    if compression.ab_rank <= 0:
+    if rank <= 0:
         raise FactorTaskError(
-            f"the task trains factor {side!r}, but this run's config has ab-rank = "
-            f"{compression.ab_rank}"
+            f"the task trains factor {side!r}, but names ab-rank = {rank} (no factors)"
         )
     if side not in ("A", "B"):
         raise FactorTaskError(f"the task's ab-side must be 'A' or 'B', got {side!r}")
     trained: Side = "A" if side == "A" else "B"
-    shapes = factor_shapes(specs, compression.ab_rank, compression.ab_min_rate)
+    shapes = factor_shapes(specs, rank, min_rate)
     expected = frozen_specs(shapes, trained)
     return trained, shapes, densify(UpdateCodec().decode(payload, expected))
 

@@ -30,7 +30,6 @@ trained factor's delta for each factored tensor.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -38,7 +37,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 
 from fedsync import protocol
-from fedsync.clients.ab_training import FactoredModel, decode_frozen
+from fedsync.clients.ab_training import FactoredModel
 from fedsync.clients.faults import FaultInjector
 from fedsync.clients.live_state import LIVE, keeps_live_state
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
@@ -47,9 +46,8 @@ from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
 from fedsync.compression.spec import parse_spec
-from fedsync.protocol import TrainReply, TrainTask
+from fedsync.protocol import TrainTask
 from fedsync.records import get_int
-from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec, densify
 from fedsync.wire.mask import decode_masks
 
@@ -74,102 +72,94 @@ class PruningMaskError(ValueError):
 
 
 def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
-    """Handle a compressed train task end to end and build the reply."""
-    task = TrainTask.from_record(msg.content, run_id=context.run_id)
-    model = runtime.fresh_model()
-    template = model_state(model)
-    specs = tensor_specs(template)
+    """Handle a compressed train task end to end and build the reply: fedsync's own
+    ClientApp, a user of :func:`fedsync.clientapp.receive` like any other app."""
+    from fedsync.clientapp import receive  # the public helper imports this module
 
-    # Only a run with delta downlinks needs the decoded model kept for the next task: in
-    # the simulation every node's context stays in one process, and a model per node
-    # there grows with the number of nodes for nothing.
-    compression = runtime.compression
-    keep_base = compression.downlink_kind == "delta"
-    masks = _pruning_masks(task, specs, context)
-    start = _apply_downlink(
-        task.payload, task.downlink_kind, specs, context, keep_base=keep_base, masks=masks
-    )
-    model.load_state_dict(start, strict=False)
-    factored: FactoredModel | None = None
-    if task.ab_side:
-        side, shapes, frozen = decode_frozen(task.factors, task.ab_side, specs, compression)
-        factored = FactoredModel(model, shapes, frozen, side)
-    trainee = factored if factored is not None else model
-    trainee.to(runtime.device)
-
+    task = receive(msg, context, runtime.fresh_model(), device=runtime.device)
+    assert task.compressed is not None
     train_set, _ = runtime.data()
-    hooks = _hold_pruned_at_zero(model, masks)
-    started = time.perf_counter()
-    try:
-        result = LocalTraining.from_train_task(task, runtime).run(
-            trainee, train_set, runtime.device
-        )
-    finally:
-        for hook in hooks:
-            hook.remove()
-    compute_seconds = time.perf_counter() - started
-
-    # The delta is taken where training ran: on a GPU node the codec then runs the
-    # Triton kernels there (fedsync.kernels.dispatch picks them for CUDA tensors), and only the
-    # encoded payload crosses to the host.
-    trained = model.state_dict()
-    # An AB-Training task sends its factors' deltas in place of the factored weights'.
-    factor_deltas = factored.factor_deltas() if factored is not None else {}
-    delta = {
-        name: factor_deltas[name]
-        if name in factor_deltas
-        else trained[name].detach().float() - start[name].to(runtime.device).float()
-        for name in specs
-    }
-    for name, mask in (masks or {}).items():
-        delta[name] = delta[name] * mask.to(runtime.device)
-    uplink = _encode_uplink(delta, task, context, runtime, masks)
-    reply = TrainReply(
-        uplink,
-        {
-            protocol.NUM_EXAMPLES: int(result["num_examples"]),
+    result = LocalTraining.from_train_task(task.compressed, runtime).run(
+        task.module, train_set, runtime.device
+    )
+    return task.reply(
+        num_examples=int(result["num_examples"]),
+        metrics={
             protocol.TRAIN_LOSS: float(result["train_loss"]),
             protocol.NUM_STEPS: int(result["steps"]),
-            protocol.COMPUTE_SECONDS: compute_seconds,
-            protocol.UPLINK_BYTES: len(uplink),
         },
     )
-    return Message(content=reply.to_record(), reply_to=msg)
 
 
-def _encode_uplink(
+def uplink_delta(
+    model: torch.nn.Module,
+    start: Mapping[str, torch.Tensor],
+    specs: Mapping[str, TensorSpec],
+    *,
+    factored: FactoredModel | None = None,
+    masks: Masks | None = None,
+) -> dict[str, torch.Tensor]:
+    """``trained - start`` of every tensor the frames carry, where training ran.
+
+    On a GPU node the codec then runs the Triton kernels there
+    (:mod:`fedsync.kernels.dispatch` picks them for CUDA tensors), and only the encoded
+    payload crosses to the host. An AB-Training task sends its trained factor's delta in
+    place of each factored weight's; a pruned run keeps the pruned positions at zero.
+    """
+    trained = model.state_dict()
+    factor_deltas = factored.factor_deltas() if factored is not None else {}
+    delta = {}
+    for name in specs:
+        if name in factor_deltas:
+            delta[name] = factor_deltas[name]
+            continue
+        now = trained[name].detach()
+        delta[name] = now.float() - start[name].to(now.device).float()
+    for name, mask in (masks or {}).items():
+        delta[name] = delta[name] * mask.to(delta[name].device)
+    return delta
+
+
+def encode_uplink(
     delta: Mapping[str, torch.Tensor],
     task: TrainTask,
     context: Context,
-    runtime: ClientRuntime,
+    *,
+    partition_id: int,
     masks: Masks | None = None,
 ) -> bytes:
-    """Compress ``delta`` with this node's error-feedback memory and keep the memory."""
+    """Compress ``delta`` with this node's error-feedback memory and keep the memory.
+
+    The codec's random choices are seeded by the run's seed and ``partition_id``; node
+    config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clients.state_store`),
+    node config ``fault`` corrupts the frame (deployment tests,
+    :mod:`fedsync.clients.faults`).
+    """
     # Both ends know the model: frames carry its schema digest, not its tensor table.
     codec = UpdateCodec(
         task.uplink_codec,
-        seed=runtime.settings.seed * 100_003 + runtime.partition_id,
+        seed=task.run_seed * 100_003 + partition_id,
         specs=specs_of(delta),
         masks=masks,
     )
-    store = CodecStateStore.from_node_config(
-        runtime.node_config, job=task.job, partition_id=runtime.partition_id
-    )
+    node_config = context.node_config
+    store = CodecStateStore.from_node_config(node_config, job=task.job, partition_id=partition_id)
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
     # On an accelerator the residual stays there between tasks (fedsync.clients.live_state);
     # the saved copy below is still written every task.
-    live = keeps_live_state(runtime.device)
-    key = (context.run_id, context.node_id, runtime.partition_id, task.job)
+    device = next(iter(delta.values())).device
+    live = keeps_live_state(device)
+    key = (context.run_id, context.node_id, partition_id, task.job)
     if not (live and LIVE.take(key, context, codec)):
         _load_codec_state(codec, context, store, specs)
     uplink = codec.encode(delta)
     _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)
-    return _maybe_corrupt(uplink, delta, task, context, runtime, masks)
+    return _maybe_corrupt(uplink, delta, task, context, masks)
 
 
-def _apply_downlink(
+def apply_downlink(
     payload: bytes,
     kind: str,
     specs: Mapping[str, TensorSpec],
@@ -206,7 +196,7 @@ def _apply_downlink(
     return start
 
 
-def _pruning_masks(
+def pruning_masks(
     task: TrainTask, specs: Mapping[str, TensorSpec], context: Context
 ) -> Masks | None:
     """The pruning masks the task's codecs name, keeping any the task delivers.
@@ -251,7 +241,7 @@ def _pruning_masks(
     return masks
 
 
-def _hold_pruned_at_zero(
+def hold_pruned_at_zero(
     model: torch.nn.Module, masks: Masks | None
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Mask the gradients of pruned parameters: the pruned weights, zero in the start
@@ -306,11 +296,10 @@ def _maybe_corrupt(
     delta: Mapping[str, torch.Tensor],
     task: TrainTask,
     context: Context,
-    runtime: ClientRuntime,
     masks: Masks | None = None,
 ) -> bytes:
     """Replace the honest uplink when node config ``fault`` asks (deployment tests only)."""
-    injector = FaultInjector.from_node_config(runtime.node_config)
+    injector = FaultInjector.from_node_config(context.node_config)
     if injector is None:
         return uplink
     counter = context.state.config_records.get(FAULT_COUNTER, ConfigRecord({"tasks": 0}))

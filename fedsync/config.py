@@ -8,7 +8,10 @@ reads run-config keys; the apps, the engine, checkpoints, the norm guard and the
 scenario runner all take a :class:`RunConfig`.
 
 A value of the wrong type or out of range fails at start-up, naming the key; an unknown
-key is named with the closest valid one (:func:`check_keys`). A test keeps
+key is named with the closest valid one (:func:`check_keys`). In a Flower app of one's
+own, fedsync's keys can live in a table of their own, ``[tool.flwr.app.config.fedsync]``,
+which Flower flattens to ``fedsync.<key>``: read them with
+``RunConfig.from_run_config(context.run_config, prefix="fedsync.")``. A test keeps
 ``pyproject.toml`` and the tables in docs/ in step with :func:`declared_keys`.
 """
 
@@ -30,12 +33,13 @@ from fedsync.aggregation.server_optimizer import build_server_optimizer
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.compression.spec import parse_spec
 from fedsync.data.partition import partition_schemes
-from fedsync.data.registry import ADAMW_LEARNING_RATE, dataset_info
+from fedsync.data.registry import ADAMW_LEARNING_RATE, DEFAULT_TRAINING, dataset_info
 from fedsync.data.types import UnknownDatasetError
 from fedsync.factored import SCHEDULES as AB_SCHEDULES
 from fedsync.models.registry import AUTO as AUTO_MODEL
-from fedsync.models.registry import model_names
+from fedsync.models.registry import model_factory, model_names
 from fedsync.models.training import CLIENT_OPTIMIZERS
+from fedsync.plugins import PluginError, is_import_path
 from fedsync.strategies import STRATEGIES
 
 MAX_AB_RANK = 1024
@@ -135,12 +139,18 @@ class TrainingSection(Section):
     dataset: str = key(
         "digits",
         "`digits` (scikit-learn's bundled 8x8 digits), `mnist`, `fashion-mnist`, "
-        "`shakespeare`, `synthetic`",
+        "`shakespeare`, `synthetic`; or your own loader, `package.module:loader`, called as "
+        "`loader(*, seed, data_dir)` and returning `fedsync.data.DatasetSplits` (needs an "
+        "explicit `model`; its `auto` training keys: "
+        f"`{DEFAULT_TRAINING.partitioning}`, learning rate {DEFAULT_TRAINING.learning_rate}, "
+        f"{DEFAULT_TRAINING.local_epochs} local epochs)",
     )
     model: str = key(
         "auto",
         "`mlp`, `mlp-wide` (2x512), `cnn`, `char-lstm` (2x256), `char-lstm-small` (1x128), "
-        "`logreg`; `auto` picks one for the dataset",
+        "`logreg`; or your own factory, `package.module:factory`, called as "
+        "`factory(input_shape, num_classes)` and returning a `torch.nn.Module`; `auto` "
+        "picks one for a bundled dataset",
     )
     data_dir: str = key(
         "",
@@ -184,9 +194,11 @@ class TrainingSection(Section):
     )
 
     def __post_init__(self) -> None:
+        # An import path (a ':') is imported here, in the process reading the config, so
+        # a wrong one fails before Flower starts; each app process imports it again.
         try:
             info = dataset_info(self.dataset)
-        except UnknownDatasetError as err:
+        except (UnknownDatasetError, PluginError) as err:
             raise SettingsError(f"run config 'dataset': {err}") from err
         # The dataset's defaults stand in for the "auto" values (0 / "auto"); a value
         # the run config sets wins.
@@ -206,9 +218,25 @@ class TrainingSection(Section):
                 self.partitioning,
             )
         model = self.model.strip().lower().replace("_", "-")
-        if model != AUTO_MODEL and model not in model_names():
+        if is_import_path(self.model):
+            try:
+                model_factory(self.model)
+            except PluginError as err:
+                raise SettingsError(f"run config 'model': {err}") from err
+        elif model == AUTO_MODEL and info.external:
             _fail(
-                "model", f"must be one of {', '.join(model_names())} or {AUTO_MODEL!r}", self.model
+                "model",
+                f"must be named for the import-path dataset {info.name!r} ('auto' picks a "
+                f"model for a bundled dataset only): one of {', '.join(model_names())}, or "
+                "your own factory, 'package.module:factory'",
+                self.model,
+            )
+        elif model != AUTO_MODEL and model not in model_names():
+            _fail(
+                "model",
+                f"must be one of {', '.join(model_names())}, a factory's import path "
+                f"('package.module:factory') or {AUTO_MODEL!r}",
+                self.model,
             )
         if self.dirichlet_alpha <= 0.0:
             _fail("dirichlet-alpha", "must be > 0", self.dirichlet_alpha)
@@ -729,17 +757,41 @@ class RunConfig:
             )
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any], **sections: Any) -> RunConfig:
-        """Read every declared key of ``run_config`` (undeclared keys are ignored here;
-        :func:`check_keys` names them).
+    def from_run_config(
+        cls, run_config: Mapping[str, Any], *, prefix: str = "", **sections: Any
+    ) -> RunConfig:
+        """Read every declared key of ``run_config``.
+
+        Without ``prefix``, undeclared keys are ignored here (:func:`check_keys` names
+        them). With one, fedsync's keys live under it beside the user's own: Flower
+        flattens ``[tool.flwr.app.config.fedsync]`` with ``buffer-size = 5`` to the key
+        ``fedsync.buffer-size``, read with ``prefix="fedsync."``. Then only keys that start
+        with the prefix are read (prefix stripped), every one of them must be declared,
+        and keys without it are the user's and ignored entirely.
 
         Parameters
         ----------
         run_config : mapping
             Flower's ``context.run_config`` (or a scenario's merged settings).
+        prefix : str
+            Where fedsync's keys start, with its separator (``"fedsync."``); empty: every
+            key is a candidate.
         **sections
             Section objects that replace what the run config says (tests).
+
+        Raises
+        ------
+        SettingsError
+            A value of the wrong type or out of range; with a prefix, also a prefixed key
+            that is not declared (named in full, with the closest valid one).
         """
+        if prefix:
+            run_config = {
+                name.removeprefix(prefix): value
+                for name, value in run_config.items()
+                if name.startswith(prefix)
+            }
+            check_keys(run_config, prefix=prefix)
         strategy = _coerce("strategy", run_config.get("strategy", cls.strategy), str)
         built: dict[str, Any] = {name: kind.from_run_config(run_config) for name, kind in SECTIONS}
         built.update(sections)
@@ -787,15 +839,24 @@ def declared_keys() -> dict[str, KeyInfo]:
     return keys
 
 
-def check_keys(keys: Iterable[str]) -> None:
-    """Raise :class:`SettingsError` for a key that is not declared, naming the closest one."""
+def check_keys(keys: Iterable[str], *, prefix: str = "") -> None:
+    """Raise :class:`SettingsError` for a key that is not declared, naming the closest one.
+
+    Parameters
+    ----------
+    keys : iterable of str
+        Key names, without ``prefix``.
+    prefix : str
+        Where the keys came from in the run config (``"fedsync."``): the message names
+        the key and the suggestion as the user wrote them, ``'fedsync.bufer-size'``.
+    """
     known = declared_keys()
     for name in keys:
         if name in known:
             continue
         close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise SettingsError(f"unknown run-config key '{name}'{hint}")
+        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
+        raise SettingsError(f"unknown run-config key '{prefix}{name}'{hint}")
 
 
 # --- devices and nodes --------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from fedsync.aggregation.guard import UpdateNormGuard, update_norm
 from fedsync.aggregation.placement import canonical_device, tensor_devices
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
+from fedsync.aggregation.server_optimizer import ServerOptimizer
 from fedsync.config import RunConfig, SettingsError
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseUpdate, TensorSpec
@@ -225,6 +226,11 @@ class AggregationEngine:
     pruning_state : dict, optional
         The pruning cut to continue from (a resumed pruned run,
         :meth:`PrunedModel.checkpoint_state`); empty or ``None``: none saved.
+    strategy : Strategy, optional
+        The strategy object (default: the class ``config.strategy`` names, built from
+        the run config's asynchronous section); its name must be ``config.strategy``.
+    optimizer : ServerOptimizer, optional
+        The server optimizer (default: the one the run config describes).
     """
 
     def __init__(
@@ -238,6 +244,8 @@ class AggregationEngine:
         version: int = 0,
         optimizer_state: Mapping[str, Any] | None = None,
         pruning_state: Mapping[str, Any] | None = None,
+        strategy: Strategy | None = None,
+        optimizer: ServerOptimizer | None = None,
     ) -> None:
         if config.strategy not in STRATEGIES:
             raise SettingsError(f"strategy {config.strategy!r} does not run on the engine")
@@ -248,12 +256,17 @@ class AggregationEngine:
             else canonical_device(device)
         )
         """Where every tensor of the engine's state lives (see :meth:`placement`)."""
-        self.strategy: Strategy = STRATEGIES[config.strategy](config.asynchronous)
+        if strategy is not None and strategy.name != config.strategy:
+            raise SettingsError(
+                f"the strategy object is {strategy.name!r}, the run config names "
+                f"{config.strategy!r}"
+            )
+        self.strategy: Strategy = strategy or STRATEGIES[config.strategy](config.asynchronous)
         decaying = self.strategy.decaying_compression
         self.schedule = config.compression.schedule(decaying=decaying)
         self.downlink_schedule = config.compression.downlink_schedule(decaying=decaying)
         settings = config.asynchronous
-        self.optimizer = build_server_optimizer(
+        self.optimizer = optimizer or build_server_optimizer(
             settings.server_optimizer,
             learning_rate=settings.server_learning_rate,
             momentum=settings.server_momentum,

@@ -55,9 +55,9 @@ from typing import Any, Final
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedsync.config import TrainingSection
+from fedsync.config import ConfigValue, RunConfig, TrainingSection
 from fedsync.persist import JOB_KEY
-from fedsync.records import get_float, get_int, get_str
+from fedsync.records import get_bool, get_float, get_int, get_str
 
 # --- record names -------------------------------------------------------------------
 ARRAYS: Final = "arrays"
@@ -98,6 +98,15 @@ against the model this device last received (kept in the client's state)."""
 TASK_SEED: Final = "task-seed"
 AB_SIDE: Final = "ab-side"
 """AB-Training: the factor the task trains, ``"A"`` or ``"B"`` (absent: not such a run)."""
+AB_RANK: Final = "ab-rank"
+"""AB-Training: the factors' rank (with :data:`AB_MIN_RATE`, which tensors are factored)."""
+AB_MIN_RATE: Final = "ab-min-rate"
+"""AB-Training: a tensor is factored when ``r * (m + n) * rate < m * n``."""
+DELTA_DOWNLINKS: Final = "delta-downlinks"
+"""Whether this run sends delta downlinks: the node then keeps the model it decoded, the
+base of the next delta."""
+RUN_SEED: Final = "run-seed"
+"""The run's ``seed`` (a node seeds its codec's random choices with it and its partition)."""
 
 # --- reply metric keys (client -> server) ---------------------------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -225,6 +234,16 @@ class TrainTask:
         AB-Training: the factor to train (``""``: train the whole model).
     factors : bytes
         AB-Training: the frozen factors' frame.
+    ab_rank, ab_min_rate : int, float
+        AB-Training: which tensors are factored, and at which rank.
+    delta_downlinks : bool
+        The run sends delta downlinks: the node keeps the model it decoded.
+    run_seed : int
+        The run's seed.
+    extra : mapping of str to config value
+        The application's own task config (``train_config`` of
+        :meth:`fedsync.serverapp.AsyncStrategy.start`), sent in the same CONFIG record;
+        fedsync's keys above win over a key of the same name.
     """
 
     payload: bytes
@@ -242,6 +261,26 @@ class TrainTask:
     mask: bytes = b""
     ab_side: str = ""
     factors: bytes = b""
+    ab_rank: int = 0
+    ab_min_rate: float = 0.0
+    delta_downlinks: bool = False
+    run_seed: int = 0
+    extra: Mapping[str, ConfigValue] = field(default_factory=dict)
+
+    @classmethod
+    def for_run(cls, config: RunConfig, **task: Any) -> TrainTask:
+        """A task of this run: its local-training settings, its seed, whether it sends
+        delta downlinks and, in an AB-Training run, the factors' rank (``task``: the
+        other fields)."""
+        compression = config.compression
+        return cls.for_training(
+            config.training,
+            ab_rank=compression.ab_rank,
+            ab_min_rate=compression.ab_min_rate,
+            delta_downlinks=compression.downlink_kind == "delta",
+            run_seed=config.training.seed,
+            **task,
+        )
 
     @classmethod
     def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
@@ -260,6 +299,7 @@ class TrainTask:
         """The TRAIN message's content."""
         config = ConfigRecord(
             {
+                **self.extra,
                 MODEL_VERSION: self.version,
                 SERVER_ROUND: self.version,
                 LOCAL_EPOCHS: self.local_epochs,
@@ -272,6 +312,8 @@ class TrainTask:
                 DOWNLINK_KIND: self.downlink_kind,
                 TASK_SEED: self.task_seed,
                 JOB_KEY: self.job,
+                DELTA_DOWNLINKS: self.delta_downlinks,
+                RUN_SEED: self.run_seed,
             }
         )
         downlink = payload_record(self.payload)
@@ -279,6 +321,8 @@ class TrainTask:
             downlink[MASK] = Array(np.frombuffer(self.mask, dtype=np.uint8).copy())
         if self.ab_side:
             config[AB_SIDE] = self.ab_side
+            config[AB_RANK] = self.ab_rank
+            config[AB_MIN_RATE] = self.ab_min_rate
             downlink[FACTORS] = Array(np.frombuffer(self.factors, dtype=np.uint8).copy())
         return RecordDict({DOWNLINK: downlink, CONFIG: config})
 
@@ -323,12 +367,41 @@ class TrainTask:
             mask=mask,
             ab_side=ab_side,
             factors=factors,
+            ab_rank=get_int(config, AB_RANK, 0),
+            ab_min_rate=get_float(config, AB_MIN_RATE, 0.0),
+            delta_downlinks=get_bool(config, DELTA_DOWNLINKS, False),
+            run_seed=get_int(config, RUN_SEED, 0),
+            extra={k: v for k, v in config.items() if k not in TASK_KEYS},  # type: ignore[misc]
         )
 
     @staticmethod
     def is_compressed(content: RecordDict) -> bool:
         """Whether a TRAIN message is a compressed task (else: Flower's dense one)."""
         return DOWNLINK in content
+
+
+TASK_KEYS: Final = frozenset(
+    {
+        MODEL_VERSION,
+        SERVER_ROUND,
+        LOCAL_EPOCHS,
+        LOCAL_STEPS,
+        LEARNING_RATE,
+        MOMENTUM,
+        BATCH_SIZE,
+        PROXIMAL_MU,
+        UPLINK_CODEC,
+        DOWNLINK_KIND,
+        TASK_SEED,
+        JOB_KEY,
+        DELTA_DOWNLINKS,
+        RUN_SEED,
+        AB_SIDE,
+        AB_RANK,
+        AB_MIN_RATE,
+    }
+)
+"""fedsync's own keys of a task's CONFIG record (the rest are the application's)."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,14 @@ def get_str(record: Mapping[str, Any], key: str, default: str | None = None) -> 
     return value
 
 
+def get_bool(record: Mapping[str, Any], key: str, default: bool | None = None) -> bool:
+    """``record[key]`` as a bool."""
+    value = _get(record, key, default)
+    if not isinstance(value, bool):
+        raise RecordValueError(f"record key {key!r} must be a bool, got {value!r}")
+    return value
+
+
 def _get(record: Mapping[str, Any], key: str, default: Any) -> Any:
     if key in record:
         return record[key]

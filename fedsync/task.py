@@ -12,21 +12,25 @@ import torch
 
 from fedsync.config import TrainingSection
 from fedsync.data import ArrayDataset, DatasetSplits, load_dataset, load_partition
-from fedsync.models import build_model, default_model_for
+from fedsync.models import build_model
 from fedsync.updates import TensorSpec
 
 
 def dataset_for(settings: TrainingSection) -> DatasetSplits:
-    """Load (once per process) the dataset the run config names."""
+    """Load (once per process) the dataset the run config names: a bundled one, or the
+    user's loader by import path (``package.module:loader``, imported in this process)."""
     return load_dataset(settings.dataset, settings.data_dir_or_none, seed=settings.seed)
 
 
 def model_for(settings: TrainingSection) -> torch.nn.Module:
-    """Build the run's model with a seeded initialisation (same on every process)."""
+    """Build the run's model with a seeded initialisation (same on every process): a
+    bundled one, ``auto``'s pick for the dataset, or the user's factory by import path
+    (``package.module:factory``, imported in this process)."""
     splits = dataset_for(settings)
-    name = default_model_for(settings.dataset) if settings.model == "auto" else settings.model
     torch.manual_seed(settings.seed)
-    return build_model(name, splits.num_classes, splits.input_shape)
+    return build_model(
+        settings.model, splits.num_classes, splits.input_shape, dataset=settings.dataset
+    )
 
 
 def client_data(

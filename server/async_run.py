@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import ERROR, INFO, WARNING
 from typing import Any, cast
 
@@ -31,7 +31,7 @@ from fedsync import protocol
 from fedsync.aggregation import TaskScheduler
 from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
 from fedsync.clock.fleet import Assignment
-from fedsync.config import RunConfig
+from fedsync.config import ConfigValue, RunConfig
 from fedsync.engine import AggregationEngine, TaskPlan
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.reports import RunRecorder, RunSummary
@@ -72,6 +72,9 @@ class AsyncRun:
     checkpoint_fn : callable, optional
         Called with an :class:`AsyncCheckpoint` every ``checkpoint-every`` aggregations
         and at the end; with ``checkpoint-every = 0``, after every evaluation instead.
+    train_config : mapping, optional
+        The application's own keys, sent in every task's CONFIG record
+        (:attr:`fedsync.protocol.TrainTask.extra`).
     """
 
     def __init__(
@@ -84,8 +87,10 @@ class AsyncRun:
         clock: Clock | None = None,
         resume: AsyncCheckpoint | None = None,
         checkpoint_fn: Callable[[AsyncCheckpoint], object] | None = None,
+        train_config: Mapping[str, ConfigValue] | None = None,
     ) -> None:
         self.engine = engine
+        self.train_config: dict[str, ConfigValue] = dict(train_config or {})
         self.config: RunConfig = engine.config
         self.channel = channel
         self.recorder = recorder
@@ -285,9 +290,8 @@ class AsyncRun:
         )
         if not send:
             return  # the clock lost it already (dropout/offline): a drop event follows
-        training = self.config.training
-        task = TrainTask.for_training(
-            training,
+        task = TrainTask.for_run(
+            self.config,
             payload=plan.downlink.payload,
             downlink_kind=plan.downlink.kind,
             version=plan.version,
@@ -297,6 +301,7 @@ class AsyncRun:
             mask=plan.mask,
             ab_side=plan.ab_side,
             factors=plan.factors,
+            extra=self.train_config,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
         if failure:

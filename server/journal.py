@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from logging import INFO, WARNING
 from typing import Any
 
@@ -24,7 +24,8 @@ from fedsync.server.checkpoint import AsyncCheckpoint, restore_tally, tally_stat
 
 __all__ = ["EvaluateFn", "RunJournal"]
 
-EvaluateFn = Callable[[dict[str, torch.Tensor]], dict[str, float]]
+EvaluateFn = Callable[[dict[str, torch.Tensor]], Mapping[str, float] | None]
+"""``state -> {"accuracy": ..., "loss": ..., ...}``, or ``None`` (nothing measured)."""
 
 
 class RunJournal:
@@ -125,6 +126,8 @@ class RunJournal:
         """Evaluate the global model centrally and record it."""
         version = self.engine.version
         metrics = self.evaluate_fn(self.engine.state)
+        if metrics is None:  # an application's evaluate_fn may measure nothing this time
+            return
         now = self.sim_now()
         entry = self.tally.record_evaluation(
             version, dict(metrics), sim_time=now, wall_time=self.wall()

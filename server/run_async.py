@@ -13,19 +13,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid
 
 from fedsync.aggregation.downlink import CodecFactory
 from fedsync.aggregation.guard import UpdateNormGuard
+from fedsync.aggregation.server_optimizer import ServerOptimizer
 from fedsync.clock import Clock
-from fedsync.config import RunConfig
+from fedsync.config import ConfigValue, RunConfig
 from fedsync.engine import AggregationEngine
 from fedsync.reports import RunRecorder, RunSummary
 from fedsync.server.async_run import AsyncRun, EvaluateFn
 from fedsync.server.channel import GridChannel
-from fedsync.server.checkpoint import AsyncCheckpoint, check_fits, find_resume, store_for
+from fedsync.server.checkpoint import AsyncCheckpoint
 from fedsync.server.evaluation import CentralEvaluator
+from fedsync.strategies import Strategy
 
 __all__ = ["AsyncResult", "run_async", "run_async_strategy"]
 
@@ -73,6 +75,10 @@ def run_async(
     norm_guard: UpdateNormGuard | None = None,
     sleep: Callable[[float], None] = time.sleep,
     device: str | torch.device | None = None,
+    strategy: Strategy | None = None,
+    optimizer: ServerOptimizer | None = None,
+    train_config: Mapping[str, ConfigValue] | None = None,
+    on_engine: Callable[[AggregationEngine], object] | None = None,
 ) -> AsyncResult:
     """Run the asynchronous strategy ``config.strategy`` over the Grid to a stop condition.
 
@@ -102,7 +108,22 @@ def run_async(
         How to wait between empty pulls (tests pass a no-op).
     device : str or torch.device, optional
         Where the engine keeps its state; default: the run config's ``server-device``.
+    strategy, optimizer : optional
+        Objects that replace what the run config describes
+        (:class:`fedsync.serverapp.AsyncStrategy` passes them).
+    train_config : mapping, optional
+        The application's own keys for every task's CONFIG record.
+    on_engine : callable, optional
+        Called with the engine before each evaluation, and before the run (the
+        strategy objects read the model version from it).
     """
+    if on_engine is not None:
+        evaluate_inner = evaluate_fn
+
+        def evaluate_fn(state: dict[str, torch.Tensor]) -> Mapping[str, float] | None:
+            on_engine(engine)
+            return evaluate_inner(state)
+
     engine = AggregationEngine(
         config,
         resume.global_state if resume is not None else global_state,
@@ -112,7 +133,11 @@ def run_async(
         version=resume.version if resume is not None else 0,
         optimizer_state=resume.optimizer_state if resume is not None else None,
         pruning_state=resume.pruning if resume is not None else None,
+        strategy=strategy,
+        optimizer=optimizer,
     )
+    if on_engine is not None:
+        on_engine(engine)
     channel = GridChannel(
         grid,
         task_ttl=config.runtime.task_ttl,
@@ -127,6 +152,7 @@ def run_async(
         clock=clock,
         resume=resume,
         checkpoint_fn=checkpoint_fn,
+        train_config=train_config,
     )
     try:
         result = run.run()
@@ -142,34 +168,24 @@ def run_async_strategy(
     recorder: RunRecorder,
     evaluator: CentralEvaluator,
 ) -> RunSummary:
-    """The registry's runner for every asynchronous strategy.
+    """The registry's runner for every asynchronous strategy: fedsync's ServerApp as a
+    user of the public API (:class:`fedsync.serverapp.AsyncStrategy`).
 
-    Checkpoints and resuming follow the run config (:mod:`fedsync.server.checkpoint`), the
-    norm check too; ``server-device`` says where the engine keeps the model, the buffer
-    and the optimizer state (a checkpoint written on one device resumes on any other),
-    ``device`` where the central evaluation runs.
+    Checkpoints and resuming follow the run config (:mod:`fedsync.server.checkpoint`),
+    the norm check too; ``server-device`` says where the engine keeps the model, the
+    buffer and the optimizer state (a checkpoint written on one device resumes on any
+    other), ``device`` where the central evaluation runs.
     """
-    section = config.checkpoints
-    store = store_for(section, recorder.folder)
-    initial = evaluator.initial_state()
-    found = find_resume(section, store, run_name=config.output.run_name)
-    resume = None
-    if found is not None:
-        path, resume = found
-        check_fits(resume, initial)
-        recorder.events.write("resume", checkpoint=str(path), version=resume.version)
-    outcome = run_async(
-        grid,
-        config,
+    from fedsync.serverapp import AsyncStrategy
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord(dict(evaluator(arrays.to_torch_state_dict())))
+
+    result = AsyncStrategy.from_run_config(config).start(
+        grid=grid,
+        initial_arrays=ArrayRecord(evaluator.initial_state()),
+        evaluate_fn=evaluate,
         recorder=recorder,
-        global_state=initial,
-        evaluate_fn=evaluator,
-        resume=resume,
-        checkpoint_fn=store.save if section.checkpoint_every > 0 else None,
     )
-    outcome.result.details["checkpoints"] = {
-        "every": section.checkpoint_every,
-        "folder": str(store.folder) if section.checkpoint_every > 0 else None,
-        "resumed_from": str(found[0]) if found is not None else None,
-    }
-    return outcome.result
+    assert result.run_summary is not None
+    return result.run_summary

@@ -97,7 +97,9 @@ class TrainingHealth:
         version = int(last.get("version", 0))
         loss = float(last.get("loss", math.nan))
         accuracy = float(last.get("accuracy", math.nan))
-        if not (math.isfinite(loss) and math.isfinite(accuracy)):
+        unmeasured = set(last.get("unmeasured", ()))
+        measured = [v for k, v in (("loss", loss), ("accuracy", accuracy)) if k not in unmeasured]
+        if not all(math.isfinite(value) for value in measured):
             return HealthVerdict(
                 "diverged",
                 f"test loss is {loss} at v{version} (it was {_number(first.get('loss'))} at "

@@ -76,6 +76,9 @@ class RunTally:
             "cumulative_bytes_down": self.bytes_down,
         }
         entry.update({k: float(v) for k, v in metrics.items() if k not in entry and _is_number(v)})
+        unmeasured = [name for name in ("accuracy", "loss") if name not in metrics]
+        if unmeasured:  # an application's evaluate_fn that reports only some of them
+            entry["unmeasured"] = unmeasured
         self.evaluations.append(entry)
         if self.target is None and self.target_accuracy > 0.0 and accuracy >= self.target_accuracy:
             self.target = TargetReached(

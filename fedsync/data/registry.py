@@ -6,6 +6,11 @@ first *locates* the files (cheap: a few ``stat`` calls) and then builds the spli
 through a per-process cache keyed by the files actually found, so the Flower ClientApp
 can call :func:`load_dataset` every round without re-reading anything, and a change of
 ``data_dir`` or ``$FEDSYNC_DATA`` is never answered from a stale cache entry.
+
+A name with a ``:`` is the import path of the user's own loader,
+``"package.module:loader"`` (see :mod:`fedsync.plugins`), called as
+``loader(*, seed, data_dir)`` and returning :class:`DatasetSplits`; it is imported in the
+calling process and its splits go through the same per-process, read-only cache.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from fedsync.data.types import (
     DatasetSplits,
     UnknownDatasetError,
 )
+from fedsync.plugins import check_signature, is_import_path, load_object
 
 Builder = Callable[..., DatasetSplits]
 """``builder(files, **kwargs) -> DatasetSplits``; ``files`` maps logical keys to paths."""
@@ -96,6 +102,10 @@ class DatasetInfo:
         Fixed keyword arguments for ``build`` (variants of one generator).
     training : LocalTraining
         What the run config's ``auto`` training keys mean for this dataset.
+    external : bool
+        ``build`` is a user's loader named by import path, called as
+        ``build(seed=..., data_dir=..., **options)``; such an entry has no files and no
+        default model (``default_model`` is empty).
     """
 
     name: str
@@ -108,6 +118,7 @@ class DatasetInfo:
     uses_seed: bool = False
     defaults: Mapping[str, Any] = field(default_factory=dict)
     training: LocalTraining = DEFAULT_TRAINING
+    external: bool = False
 
 
 def _synthetic(name: str, label: str, **fixed: Any) -> DatasetInfo:
@@ -188,17 +199,36 @@ def dataset_names() -> tuple[str, ...]:
 
 
 def dataset_info(name: str) -> DatasetInfo:
-    """Look a dataset up by name.
+    """Look a dataset up by name, or import the loader an import path names.
+
+    For ``"package.module:loader"`` the entry is made on the spot (no files, no default
+    model, :data:`DEFAULT_TRAINING`, ``external=True``) after checking that the loader
+    imports and takes ``(*, seed, data_dir)``.
 
     Raises
     ------
     UnknownDatasetError
         For an unknown name; the message lists the valid ones.
+    fedsync.plugins.PluginError
+        For an import path that does not resolve to such a loader.
     """
+    if is_import_path(name):
+        path = name.strip()
+        loader = load_object(path, "dataset")
+        check_signature(loader, path, "dataset", "loader(*, seed, data_dir)", seed=0, data_dir=None)
+        return DatasetInfo(
+            name=path,
+            build=loader,
+            default_model="",
+            description=f"loaded by {path}",
+            uses_seed=True,
+            external=True,
+        )
     info = _REGISTRY.get(normalize_name(name))
     if info is None:
         raise UnknownDatasetError(
-            f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())}"
+            f"unknown dataset {name!r}; valid names: {', '.join(dataset_names())} "
+            "(or a loader's import path, 'package.module:loader')"
         )
     return info
 
@@ -229,6 +259,8 @@ def download_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) 
     Only ever runs when called; nothing in fedsync calls it implicitly.
     """
     info = dataset_info(name)
+    if info.external:
+        raise DatasetError(f"dataset {info.name!r} has its own loader: fedsync downloads nothing")
     target = Path(data_dir).expanduser() / info.name if data_dir else cache_dir(info.name)
     download_files(info.remote, target)
     return target
@@ -247,9 +279,12 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        A registry name, see :func:`dataset_names` (``_`` and ``-`` are alike).
+        A registry name, see :func:`dataset_names` (``_`` and ``-`` are alike), or the
+        import path of a loader, ``"package.module:loader"``, called as
+        ``loader(seed=seed, data_dir=data_dir, **options)``.
     data_dir : str or path-like, optional
         Folder searched first (the ``data-dir`` run config); ``""`` means not given.
+        A loader gets it as a string, or ``None``.
     seed : int
         Seed for datasets whose split or content is random (digits, synthetic).
     download : bool
@@ -268,12 +303,24 @@ def load_dataset(
     ------
     UnknownDatasetError
         Unknown name.
+    fedsync.plugins.PluginError
+        An import path that does not resolve to a loader.
     DatasetNotFoundError
         Files not found anywhere (the message lists where it looked).
     DatasetFormatError
         Files found but malformed.
+    DatasetError
+        A loader that returns no :class:`DatasetSplits`.
     """
     info = dataset_info(name)
+    if info.external:
+        return _load_external(
+            info.build,
+            info.name,
+            str(data_dir) if data_dir else None,
+            seed,
+            tuple(sorted(options.items())),
+        )
     files = locate_dataset(info.name, data_dir, download=download)
     return _load_cached(
         info.name,
@@ -299,6 +346,32 @@ def _load_cached(
     return dataclasses.replace(splits, name=name).read_only()
 
 
+@functools.lru_cache(maxsize=16)
+def _load_external(
+    loader: Builder,
+    name: str,
+    data_dir: str | None,
+    seed: int,
+    options: tuple[tuple[str, Hashable], ...],
+) -> DatasetSplits:
+    # Keyed by the loader object as well as its path: a module imported afresh (a test,
+    # a reload) is a new loader, never answered with the old one's splits.
+    kwargs = dict(options)
+    check_signature(
+        loader,
+        name,
+        "dataset",
+        "loader(*, seed, data_dir, **options)",
+        **{**kwargs, "seed": seed, "data_dir": data_dir},
+    )
+    splits = loader(seed=seed, data_dir=data_dir, **kwargs)
+    if not isinstance(splits, DatasetSplits):
+        raise DatasetError(
+            f"dataset {name!r} returned a {type(splits).__name__}, not fedsync.data.DatasetSplits"
+        )
+    return dataclasses.replace(splits, name=name).read_only()
+
+
 def _check_options(info: DatasetInfo, options: tuple[tuple[str, Hashable], ...]) -> None:
     # Checked against the builder's signature rather than by catching TypeError, which
     # would also swallow genuine bugs inside the builder. A variant's fixed settings
@@ -316,3 +389,4 @@ def _check_options(info: DatasetInfo, options: tuple[tuple[str, Hashable], ...])
 def clear_cache() -> None:
     """Forget every cached dataset (tests; freeing memory in long-lived processes)."""
     _load_cached.cache_clear()
+    _load_external.cache_clear()

@@ -8,6 +8,12 @@ compute the same average, and a frame that does not decode fails on every rank a
 :class:`FrameExchangeError` names the rank that sent it and the bucket (or step) it
 belongs to, so no rank goes on with a different model.
 
+Every rank is configured with the same spec, so a rank decodes only frames of its own
+codec's spec (``UpdateCodec.decode(own_spec_only=True)``): a frame written by a codec of
+another spec (a rank started with another ``spec=``, or bytes from elsewhere) is refused
+on its header as :class:`~fedsync.wire.UnexpectedCodec`, before a pipeline is built for
+it, and fails the step like any other bad frame (:attr:`FrameExchangeError.error`).
+
 A rank that cannot even encode (NaN or Inf in its gradient) still takes part in the
 all-gather: it sends an error record instead of a frame (bytes that do not start
 with the frame magic, so no decoder could mistake them for one), which tells every
@@ -56,12 +62,19 @@ class FrameExchangeError(RuntimeError):
         The bucket (``"bucket 3"``) or step the frame belonged to.
     reason : str
         What was wrong.
+    error : PayloadError or None
+        The typed decoder error when the frame did not decode (e.g.
+        :class:`~fedsync.wire.UnexpectedCodec` for a frame of another codec, also the
+        exception's ``__cause__``); ``None`` for an error record or a bad length.
     """
 
-    def __init__(self, rank: int, where: str, reason: str) -> None:
+    def __init__(
+        self, rank: int, where: str, reason: str, error: PayloadError | None = None
+    ) -> None:
         self.rank = rank
         self.where = where
         self.reason = reason
+        self.error = error
         super().__init__(f"fedsync DDP exchange failed: rank {rank}, {where}: {reason}")
 
 
@@ -131,11 +144,27 @@ def decode_and_average(
 ) -> dict[str, torch.Tensor]:
     """Decode every rank's frame and average them, in rank order (float32, flat).
 
+    Parameters
+    ----------
+    codec : UpdateCodec
+        The codec every rank was configured with: only frames naming its spec are
+        decoded (``own_spec_only=True``).
+    frames : list of bytes
+        Every rank's frame (or error record), in rank order.
+    expected : mapping of str to TensorSpec
+        The tensors every frame must hold.
+    device : torch.device
+        Where the decoded values and the averages go.
+    where : str
+        The bucket or step, for errors.
+
     Raises
     ------
     FrameExchangeError
         If a rank sent an error record or a frame that does not decode (broken,
-        non-finite, another model's tensors); names the first such rank.
+        non-finite, another model's tensors, another codec's spec); names the first
+        such rank, and carries the decoder's typed error as ``error`` (and
+        ``__cause__``), e.g. :class:`~fedsync.wire.UnexpectedCodec`.
     """
     totals = {
         name: torch.zeros(spec.numel, dtype=torch.float32, device=device)
@@ -146,9 +175,9 @@ def decode_and_average(
             reason = frame[len(ERROR_RECORD) :].decode("utf-8", "replace")
             raise FrameExchangeError(rank, where, f"could not encode: {reason}")
         try:
-            update = codec.decode(frame, expected=expected, device=device)
+            update = codec.decode(frame, expected=expected, device=device, own_spec_only=True)
         except PayloadError as exc:
-            raise FrameExchangeError(rank, where, f"{type(exc).__name__}: {exc}") from exc
+            raise FrameExchangeError(rank, where, f"{type(exc).__name__}: {exc}", exc) from exc
         for name, sparse in update.items():
             total = totals[name]
             if sparse.nnz == total.numel():  # sorted unique: every position, in order

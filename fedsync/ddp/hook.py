@@ -229,7 +229,8 @@ def fedsync_hook(
     ------
     FrameExchangeError
         On every rank alike, naming the rank and the bucket, when a rank's frame is
-        broken, non-finite or could not be encoded.
+        broken, non-finite, of another codec's spec (``UnexpectedCodec``: every rank
+        must use the same ``spec``) or could not be encoded.
     """
     buffer = bucket.buffer()
     index = bucket.index()

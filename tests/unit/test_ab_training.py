@@ -57,8 +57,8 @@ def engine(**overrides: Any) -> AggregationEngine:
 
 
 def message(plan: TaskPlan, run: RunConfig, *, factors: bytes | None = None) -> Message:
-    task = TrainTask.for_training(
-        run.training,
+    task = TrainTask.for_run(
+        run,
         payload=plan.downlink.payload,
         downlink_kind=plan.downlink.kind,
         version=plan.version,
@@ -132,7 +132,13 @@ def test_the_server_rebuilds_exactly_the_change_the_device_trained() -> None:
     # what the device trains with: its decoded downlink and the frozen factors
     specs = tensor_specs(before)
     start = {n: t.to_dense() for n, t in UpdateCodec().decode(plan.downlink.payload, specs).items()}
-    side, shapes, frozen = decode_frozen(plan.factors, plan.ab_side, specs, run.compression)
+    side, shapes, frozen = decode_frozen(
+        plan.factors,
+        plan.ab_side,
+        specs,
+        rank=run.compression.ab_rank,
+        min_rate=run.compression.ab_min_rate,
+    )
     model = model_for(run.training)
     model.load_state_dict(start, strict=False)
     factored = FactoredModel(model, shapes, frozen, side)
@@ -234,7 +240,7 @@ def test_a_node_refuses_factors_that_do_not_fit_its_model() -> None:
     with pytest.raises(PayloadError, match=name.replace(".", r"\.")):
         train_compressed(message(plan, run, factors=bad), ctx, ClientRuntime.from_context(ctx))
     with pytest.raises(FactorTaskError, match="ab-rank = 0"):
-        decode_frozen(plan.factors, "A", server.specs, config(**{"ab-rank": 0}).compression)
+        decode_frozen(plan.factors, "A", server.specs, rank=0, min_rate=2.0)
 
 
 def test_a_task_names_a_side_only_with_factors() -> None:

@@ -18,7 +18,7 @@ from fedsync import protocol
 from fedsync.clients.compressed import (
     PRUNING_MASK,
     PruningMaskError,
-    _hold_pruned_at_zero,
+    hold_pruned_at_zero,
     train_compressed,
 )
 from fedsync.clients.runtime import ClientRuntime
@@ -159,7 +159,7 @@ def test_pruned_weights_stay_zero_through_local_sgd() -> None:
         torch.randn(64, 8, generator=generator).numpy(),
         torch.randint(0, 3, (64,), generator=generator).numpy(),
     )
-    hooks = _hold_pruned_at_zero(model, masks)
+    hooks = hold_pruned_at_zero(model, masks)
     train_model(
         model,
         data,

@@ -14,6 +14,7 @@ from fedsync.compression import SpecError
 from fedsync.ddp import DeMo, FedsyncHookState, FrameExchangeError, decode_and_average
 from fedsync.ddp.exchange import error_record
 from fedsync.updates import TensorSpec
+from fedsync.wire import UnexpectedCodec
 
 
 def test_state_needs_an_initialised_process_group() -> None:
@@ -96,3 +97,29 @@ def test_decode_names_the_rank_and_what_went_wrong() -> None:
         decode_and_average(
             codec, [good, good, other], expected, device=torch.device("cpu"), where="bucket 0"
         )
+
+
+def test_a_frame_of_another_codec_is_refused_as_unexpected_codec() -> None:
+    codec = UpdateCodec("topk:0.5+uniform:8+ef")
+    expected = {"bucket0": TensorSpec("bucket0", (8,))}
+    mine = codec.encode({"bucket0": torch.arange(8.0)})
+    # Same model, same sparsifier, another bit width: decodable, but not this codec's.
+    theirs = UpdateCodec("topk:0.5+uniform:4+ef").encode({"bucket0": torch.arange(8.0)})
+    cpu = torch.device("cpu")
+    out = decode_and_average(codec, [mine, mine], expected, device=cpu, where="bucket 0")
+    assert out["bucket0"].count_nonzero() == 4
+    with pytest.raises(FrameExchangeError, match="rank 1, bucket 0: UnexpectedCodec") as info:
+        decode_and_average(codec, [mine, theirs], expected, device=cpu, where="bucket 0")
+    error = info.value.error
+    assert isinstance(error, UnexpectedCodec) and info.value.__cause__ is error
+    assert error.field == "codec" and "topk:0.5+uniform:4+ef" in str(error)
+
+
+def test_the_hook_refuses_a_frame_of_another_codec(group: None) -> None:
+    theirs = UpdateCodec("none+fp16").encode({"bucket0": torch.ones(6)})
+    state = FedsyncHookState(spec="none+fp32", outgoing=lambda _: theirs)
+    with pytest.raises(FrameExchangeError, match="rank 0, bucket 0: UnexpectedCodec") as info:
+        state.exchange("bucket0", torch.ones(6), "bucket 0")
+    assert isinstance(info.value.error, UnexpectedCodec)
+    state.outgoing = None  # its own frames still go through
+    assert torch.equal(state.exchange("bucket0", torch.ones(6), "bucket 0"), torch.ones(6))

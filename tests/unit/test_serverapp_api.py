@@ -1,0 +1,154 @@
+"""fedsync's strategies as objects in a user's ServerApp (fedsync.serverapp), and an
+installed fedsync next to a user's own ``server.py``, ``clients/``, ``kernels.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+from fedsync.aggregation.server_optimizer import ServerSGD
+from fedsync.aggregation.staleness import parse_staleness
+from fedsync.config import RunConfig, SettingsError
+from fedsync.serverapp import TEASQ, AsyncStrategy, FedAsync, FedBuff, Result
+from tests.unit.test_async_run import (
+    NODES,
+    FakeClients,
+    FakeGrid,
+    initial_state,
+    make_evaluate,
+    task_identity,  # noqa: F401  (autouse fixture: Flower's task identity for Message())
+)
+
+
+def flower_evaluate(calls: list[int]):  # type: ignore[no-untyped-def]
+    inner = make_evaluate(NODES)
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        calls.append(server_round)
+        return MetricRecord(inner(arrays.to_torch_state_dict()))
+
+    return evaluate
+
+
+def start(strategy: AsyncStrategy, **kwargs: object) -> tuple[Result, FakeClients]:
+    clients = FakeClients(real=True)
+    grid = FakeGrid(NODES, clients, seed=1)
+    result = strategy.start(
+        grid=grid,  # type: ignore[arg-type]
+        initial_arrays=ArrayRecord(initial_state()),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return result, clients
+
+
+def test_teasq_object_trains_and_returns_flowers_result(tmp_path: Path) -> None:
+    calls: list[int] = []
+    strategy = TEASQ(concurrency=4, buffer_size=2, poll_interval=0.001)
+    result, clients = start(
+        strategy,
+        evaluate_fn=flower_evaluate(calls),
+        train_config=ConfigRecord({"lr": 0.05, "note": "mine"}),
+        max_aggregations=9,
+        eval_every=3,
+    )
+    assert result.summary["aggregations"] == 9
+    assert result.folder is None  # no results_dir: nothing kept
+    # Flower's Result fields: the final model (with its pass-through buffer) and the
+    # central metrics by model version.
+    final = result.arrays.to_torch_state_dict()
+    assert set(final) == set(initial_state()) and int(final["bn.num_batches_tracked"]) == 7
+    assert sorted(result.evaluate_metrics_serverapp) == sorted(set(calls)) and 9 in calls
+    first, last = calls[0], calls[-1]
+    loss = {v: float(result.evaluate_metrics_serverapp[v]["loss"]) for v in (first, last)}
+    assert loss[last] < 0.5 * loss[first]
+    # The user's train_config reaches every task, next to fedsync's keys.
+    assert clients.configs and all(c["lr"] == 0.05 and c["note"] == "mine" for c in clients.configs)
+
+
+def test_results_dir_keeps_the_reports(tmp_path: Path) -> None:
+    result, _ = start(
+        FedBuff(concurrency=3, buffer_size=2, poll_interval=0.001),
+        max_aggregations=3,
+        results_dir=tmp_path,
+        run_name="mine",
+    )
+    assert result.folder == tmp_path.resolve() / "mine"
+    assert (result.folder / "summary.json").is_file()
+    assert (result.folder / "events.jsonl").is_file()
+
+
+def test_objects_stand_in_for_strings() -> None:
+    seen: list[int] = []
+
+    def half_life(staleness: int) -> float:
+        seen.append(staleness)
+        return 0.5**staleness
+
+    optimizer = ServerSGD(learning_rate=1.0)
+    strategy = FedAsync(alpha=0.5, staleness=half_life, server_optimizer=optimizer)
+    assert strategy.config.asynchronous.fedasync_alpha == 0.5
+    result, _ = start(strategy, max_aggregations=4)
+    assert seen, "the staleness callable weighs every update"
+    assert result.run_summary is not None
+    assert result.summary["policy"]["staleness"] == "custom:half_life"
+    # A StalenessFunction object is taken as is.
+    assert TEASQ(staleness=parse_staleness("hinge:10:4")).staleness_function is not None
+
+
+def test_settings_are_checked_and_named() -> None:
+    with pytest.raises(SettingsError, match="did you mean 'buffer-size'"):
+        TEASQ(buffer_sise=2)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="concurrency"):
+        TEASQ(concurrency=0)
+    with pytest.raises(SettingsError, match="pick another class"):
+        TEASQ(strategy="fedbuff")  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="fedsync's own"):
+        start(TEASQ(), train_config={"uplink-codec": "none+fp32"}, max_aggregations=1)
+
+
+def test_from_run_config_picks_the_class() -> None:
+    config = RunConfig.of(strategy="fedbuff", buffer_size=4)
+    strategy = AsyncStrategy.from_run_config(config)
+    assert isinstance(strategy, FedBuff) and strategy.config is config
+    assert TEASQ().config.clock.clock == "wall"  # a library run is real time
+
+
+def test_a_users_own_top_level_modules_do_not_break_fedsync(tmp_path: Path) -> None:
+    """fedsync claims only the import name ``fedsync``: a user's ``server.py``,
+    ``clients/``, ``kernels.py`` and ``simulations.py`` first on the path change nothing."""
+    (tmp_path / "server.py").write_text("USER = 'server'\n")
+    (tmp_path / "clients").mkdir()
+    (tmp_path / "clients" / "__init__.py").write_text("USER = 'clients'\n")
+    (tmp_path / "kernels.py").write_text("USER = 'kernels'\n")
+    (tmp_path / "simulations.py").write_text("USER = 'simulations'\n")
+    code = textwrap.dedent(
+        """
+        import server, clients, kernels, simulations
+        assert {m.USER for m in (server, clients, kernels, simulations)} == {
+            "server", "clients", "kernels", "simulations"}
+        import fedsync.server.app, fedsync.clients.warm, fedsync.simulations.cli
+        from fedsync.kernels import dispatch
+        from fedsync.serverapp import TEASQ
+        from fedsync.clientapp import receive
+        from fedsync.codecs import Codec
+                state = {"w": torch.randn(64)}
+        codec = Codec("topk:0.25+uniform:8+ef", like=state)
+        out = codec.decompress(codec.compress(state))
+        assert out["w"].shape == (64,)
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
