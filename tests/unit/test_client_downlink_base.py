@@ -31,15 +31,16 @@ def _context(run_config: dict[str, Any]) -> Context:
 
 
 def test_full_downlink_runs_keep_no_model_per_node() -> None:
+    # The task says whether the run sends delta downlinks (the server knows).
     context = _context({**RUN_CONFIG, "downlink-kind": "full"})
-    train_compressed(task(1), context, ClientRuntime.from_context(context))
+    train_compressed(task(1, delta_downlinks=False), context, ClientRuntime.from_context(context))
     assert DOWNLINK_BASE not in context.state.array_records
     assert CODEC_STATE in context.state.array_records  # error feedback memory stays
 
 
 def test_delta_downlink_runs_keep_the_decoded_model() -> None:
     context = _context({**RUN_CONFIG, "downlink-kind": "delta"})
-    train_compressed(task(1), context, ClientRuntime.from_context(context))
+    train_compressed(task(1, delta_downlinks=True), context, ClientRuntime.from_context(context))
     base = context.state.array_records[DOWNLINK_BASE]
     for name, tensor in global_model().items():
         np.testing.assert_array_equal(base[name].numpy(), tensor.numpy())

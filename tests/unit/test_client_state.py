@@ -50,7 +50,9 @@ def global_model() -> dict[str, torch.Tensor]:
     return model_state(model_for(RunConfig.from_run_config(RUN_CONFIG).training))
 
 
-def task(number: int, *, job: str = "job-1", version: int = 0) -> Message:
+def task(
+    number: int, *, job: str = "job-1", version: int = 0, delta_downlinks: bool = False
+) -> Message:
     """A compressed train task with a full fp32 downlink of the initial model."""
     train = TrainTask(
         payload=UpdateCodec("none+fp32").encode(global_model()),
@@ -65,6 +67,7 @@ def task(number: int, *, job: str = "job-1", version: int = 0) -> Message:
         learning_rate=0.1,
         momentum=0.9,
         proximal_mu=0.0,
+        delta_downlinks=delta_downlinks,
     )
     message = Message(train.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
     message.metadata.__dict__["_message_id"] = f"task-{number}"

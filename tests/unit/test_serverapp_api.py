@@ -136,7 +136,8 @@ def test_a_users_own_top_level_modules_do_not_break_fedsync(tmp_path: Path) -> N
         from fedsync.serverapp import TEASQ
         from fedsync.clientapp import receive
         from fedsync.codecs import Codec
-                state = {"w": torch.randn(64)}
+        import torch
+        state = {"w": torch.randn(64)}
         codec = Codec("topk:0.25+uniform:8+ef", like=state)
         out = codec.decompress(codec.compress(state))
         assert out["w"].shape == (64,)
