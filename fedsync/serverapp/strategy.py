@@ -43,7 +43,7 @@ from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import ServerOptimizer
 from fedsync.aggregation.staleness import StalenessFunction
 from fedsync.config import ConfigValue, RunConfig, SettingsError, check_keys
-from fedsync.reports import RunRecorder, RunSummary
+from fedsync.reports import RunFailedError, RunRecorder, RunSummary
 from fedsync.strategies import STRATEGIES, Strategy
 
 __all__ = ["AsyncStrategy", "FlowerEvaluateFn", "Result"]
@@ -232,6 +232,12 @@ class AsyncStrategy:
         -------
         Result
             ``arrays`` (the final model), ``evaluate_metrics_serverapp``, ``summary``.
+
+        Raises
+        ------
+        fedsync.reports.RunFailedError
+            When the run could not go on (every device was given up), naming the
+            error the devices failed with; the reports are written first.
         """
         config = self._with_stop(max_aggregations, max_wall_time, eval_every, target_accuracy)
         user_config = _task_config(train_config)
@@ -249,6 +255,10 @@ class AsyncStrategy:
                 if owned:
                     recorder.close()
             result.folder = recorder.folder if (results_dir or not owned) else None
+        failure = result.summary.get("failure")
+        if owned and failure:
+            # As fedsync's ServerApp does: Flower then marks the run failed (`flwr ls`).
+            raise RunFailedError(str(failure))
         return result
 
     def _with_stop(

@@ -1,0 +1,1 @@
+"""quickstart: A Flower / PyTorch app."""
