@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from fedsync.aggregation.server_optimizer import ServerSGD
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.config import RunConfig, SettingsError
+from fedsync.reports import RunFailedError
 from fedsync.serverapp import TEASQ, AsyncStrategy, FedAsync, FedBuff, Result
 from tests.unit.test_async_run import (
     NODES,
@@ -153,3 +154,18 @@ def test_a_users_own_top_level_modules_do_not_break_fedsync(tmp_path: Path) -> N
         timeout=300,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_run_whose_devices_all_fail_raises_after_writing_its_reports(tmp_path: Path) -> None:
+    clients = FakeClients(dict.fromkeys(NODES, "error"))
+    grid = FakeGrid(NODES, clients, seed=1)
+    strategy = TEASQ(concurrency=3, buffer_size=2, poll_interval=0.001, max_retries=1)
+    with pytest.raises(RunFailedError, match="given up"):
+        strategy.start(
+            grid=grid,  # type: ignore[arg-type]
+            initial_arrays=ArrayRecord(initial_state()),
+            max_aggregations=3,
+            results_dir=tmp_path,
+            run_name="failed",
+        )
+    assert (tmp_path / "failed" / "summary.json").is_file()
