@@ -18,16 +18,13 @@ Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
 
 from __future__ import annotations
 
-import time
-
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedsync import protocol
-from fedsync.clients.compressed import train_compressed
+from fedsync.clientapp import probe_reply, receive
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.protocol import NodeProfile, TrainTask
 
 app = ClientApp()
 
@@ -35,10 +32,7 @@ app = ClientApp()
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train on the local partition and reply with the new model or its update."""
-    runtime = ClientRuntime.from_context(context)
-    if TrainTask.is_compressed(msg.content):
-        return train_compressed(msg, context, runtime)
-    return _train_dense(msg, runtime)
+    return train_task(msg, context, ClientRuntime.from_context(context))
 
 
 @app.evaluate()
@@ -70,36 +64,26 @@ def query(msg: Message, context: Context) -> Message:
     repeat. The node's torch device and declared ``device-class`` go into the run's
     summary next to its measured task times.
     """
-    runtime = ClientRuntime.from_context(context)
-    profile = NodeProfile(
-        partition_id=runtime.partition_id,
-        num_partitions=runtime.num_partitions,
-        device=str(runtime.device),
-        device_class=str(context.node_config.get(protocol.DEVICE_CLASS, "")),
+    return probe_reply(msg, context, device=str(ClientRuntime.from_context(context).device))
+
+
+def train_task(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
+    """Handle a train task end to end: fedsync's own training loop between
+    :func:`fedsync.clientapp.receive` and :meth:`~fedsync.clientapp.Task.reply`, as any
+    application does. A compressed task (fedsync's strategies) takes its local-training
+    settings from the task, a dense one (Flower's FedAvg) from its ConfigRecord."""
+    train_set, _ = runtime.data()  # before receive: compute-seconds counts training only
+    task = receive(msg, context, runtime.fresh_model(), device=runtime.device)
+    training = (
+        LocalTraining.from_train_task(task.compressed, runtime)
+        if task.compressed is not None
+        else LocalTraining.from_task(task.config, runtime)
     )
-    return Message(content=profile.to_record(), reply_to=msg)
-
-
-def _train_dense(msg: Message, runtime: ClientRuntime) -> Message:
-    config = msg.content.config_records.get(protocol.CONFIG, ConfigRecord())
-    model = runtime.fresh_model()
-    model.load_state_dict(msg.content.array_records[protocol.ARRAYS].to_torch_state_dict())
-    train_set, _ = runtime.data()
-
-    started = time.perf_counter()
-    result = LocalTraining.from_task(config, runtime).run(model, train_set, runtime.device)
-    compute_seconds = time.perf_counter() - started
-
-    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-    arrays = ArrayRecord(state)
-    metrics = MetricRecord(
-        {
-            protocol.NUM_EXAMPLES: int(result["num_examples"]),
+    result = training.run(task.module, train_set, runtime.device)
+    return task.reply(
+        num_examples=int(result["num_examples"]),
+        metrics={
             protocol.TRAIN_LOSS: float(result["train_loss"]),
             protocol.NUM_STEPS: int(result["steps"]),
-            protocol.COMPUTE_SECONDS: compute_seconds,
-        }
-    )
-    return Message(
-        content=RecordDict({protocol.ARRAYS: arrays, protocol.METRICS: metrics}), reply_to=msg
+        },
     )

@@ -34,13 +34,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
-from fedsync import protocol
 from fedsync.clients.ab_training import FactoredModel
 from fedsync.clients.faults import FaultInjector
 from fedsync.clients.live_state import LIVE, keeps_live_state
-from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.clients.state_store import CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
@@ -69,26 +67,6 @@ class MissingDownlinkBase(ValueError):
 
 class PruningMaskError(ValueError):
     """A task names pruning masks this node does not hold (or holds others)."""
-
-
-def train_compressed(msg: Message, context: Context, runtime: ClientRuntime) -> Message:
-    """Handle a compressed train task end to end and build the reply: fedsync's own
-    ClientApp, a user of :func:`fedsync.clientapp.receive` like any other app."""
-    from fedsync.clientapp import receive  # the public helper imports this module
-
-    task = receive(msg, context, runtime.fresh_model(), device=runtime.device)
-    assert task.compressed is not None
-    train_set, _ = runtime.data()
-    result = LocalTraining.from_train_task(task.compressed, runtime).run(
-        task.module, train_set, runtime.device
-    )
-    return task.reply(
-        num_examples=int(result["num_examples"]),
-        metrics={
-            protocol.TRAIN_LOSS: float(result["train_loss"]),
-            protocol.NUM_STEPS: int(result["steps"]),
-        },
-    )
 
 
 def uplink_delta(

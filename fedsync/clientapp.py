@@ -47,6 +47,7 @@ from fedsync.clients.compressed import (
     pruning_masks,
     uplink_delta,
 )
+from fedsync.config import node_partition
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec
@@ -232,18 +233,22 @@ def receive(
     )
 
 
-def probe_reply(msg: Message, context: Context) -> Message:
+def probe_reply(msg: Message, context: Context, *, device: str | None = None) -> Message:
     """Answer the server's start-of-run probe (register with ``app.query()(probe_reply)``).
 
     Reports node config ``partition-id`` / ``num-partitions`` (Flower's simulation sets
-    them), ``device`` and ``device-class`` when present.
+    them; none when they are missing or out of range) and ``device-class``, and the
+    torch device the node trains on: ``device``, else node config ``device``.
     """
     node = context.node_config
-    partition = node.get("partition-id")
+    try:
+        partition_id, num_partitions = node_partition(node)
+    except ValueError:  # SettingsError, or a value that is not a number
+        partition_id, num_partitions = None, 0
     profile = NodeProfile(
-        partition_id=partition if isinstance(partition, int) else None,
-        num_partitions=int(node.get("num-partitions", 0) or 0),
-        device=str(node.get(protocol.DEVICE, "")),
+        partition_id=partition_id,
+        num_partitions=num_partitions,
+        device=device if device is not None else str(node.get(protocol.DEVICE, "")),
         device_class=str(node.get(protocol.DEVICE_CLASS, "")),
     )
     return Message(content=profile.to_record(), reply_to=msg)
@@ -251,7 +256,7 @@ def probe_reply(msg: Message, context: Context) -> Message:
 
 def _partition_id(context: Context) -> int:
     """The node's ``partition-id`` (seeds its codec); the node id when it has none."""
-    partition = context.node_config.get("partition-id")
-    if isinstance(partition, int) and not isinstance(partition, bool):
-        return partition
-    return context.node_id % (1 << 31)
+    try:
+        return node_partition(context.node_config)[0]
+    except ValueError:  # SettingsError, or a value that is not a number
+        return context.node_id % (1 << 31)

@@ -20,6 +20,7 @@ Every failure is a :class:`PluginError`, a :class:`ValueError` like
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -35,6 +36,7 @@ __all__ = [
     "PluginSignatureError",
     "check_signature",
     "is_import_path",
+    "load_callable",
     "load_object",
 ]
 
@@ -175,3 +177,32 @@ def check_signature(
         raise PluginSignatureError(
             f"{what} {path!r} cannot be called as {call}: {err} (its signature: {signature})"
         ) from err
+
+
+def load_callable(path: str, what: str, call: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """:func:`load_object`, then :func:`check_signature` with the sample arguments.
+
+    The signature of a given object is read once per process (a ClientApp asks for its
+    model and data every task); the import itself is a ``sys.modules`` lookup after the
+    first, and a module imported afresh gives a new object, checked again.
+
+    Raises
+    ------
+    PluginError
+        As those two do.
+    """
+    loaded = load_object(path, what)
+    _check_once(loaded, path, what, call, args, tuple(sorted(kwargs.items())))
+    return loaded
+
+
+@functools.lru_cache(maxsize=64)
+def _check_once(
+    function: Callable[..., Any],
+    path: str,
+    what: str,
+    call: str,
+    args: tuple[Any, ...],
+    kwargs: tuple[tuple[str, Any], ...],
+) -> None:
+    check_signature(function, path, what, call, *args, **dict(kwargs))

@@ -27,8 +27,11 @@ A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
 * ``CONFIG`` ConfigRecord: ``model-version`` (= ``server-round``), ``local-epochs``,
   ``local-steps``, ``learning-rate``, ``momentum``, ``batch-size``, ``proximal-mu``,
   ``uplink-codec`` (the task's spec string, density and bits filled in),
-  ``downlink-kind``, ``task-seed`` and the training job (:data:`JOB_KEY`), which nodes
-  key their persisted codec state by.
+  ``downlink-kind``, ``delta-downlinks`` (the node keeps the model it decoded),
+  ``run-seed``, ``task-seed``, AB-Training's ``ab-rank`` / ``ab-min-rate``, and the
+  training job (:data:`JOB_KEY`), which nodes key their persisted codec state by. The
+  application's own keys (``train_config``) travel in the same record
+  (:attr:`TrainTask.extra`; :data:`TASK_KEYS` are fedsync's).
 
 Its reply (:class:`TrainReply`) carries ``UPLINK`` ArrayRecord ``PAYLOAD`` (the encoded
 delta: local model minus the start model it decoded, error feedback applied on the
@@ -55,7 +58,7 @@ from typing import Any, Final
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedsync.config import ConfigValue, RunConfig, TrainingSection
+from fedsync.config import ConfigValue, RunConfig
 from fedsync.persist import JOB_KEY
 from fedsync.records import get_bool, get_float, get_int, get_str
 
@@ -272,19 +275,7 @@ class TrainTask:
         """A task of this run: its local-training settings, its seed, whether it sends
         delta downlinks and, in an AB-Training run, the factors' rank (``task``: the
         other fields)."""
-        compression = config.compression
-        return cls.for_training(
-            config.training,
-            ab_rank=compression.ab_rank,
-            ab_min_rate=compression.ab_min_rate,
-            delta_downlinks=compression.downlink_kind == "delta",
-            run_seed=config.training.seed,
-            **task,
-        )
-
-    @classmethod
-    def for_training(cls, training: TrainingSection, **task: Any) -> TrainTask:
-        """A task with the run's local-training settings (``task``: the other fields)."""
+        training, compression = config.training, config.compression
         return cls(
             **task,
             local_epochs=training.local_epochs,
@@ -293,6 +284,10 @@ class TrainTask:
             learning_rate=training.learning_rate,
             momentum=training.momentum,
             proximal_mu=training.proximal_mu,
+            ab_rank=compression.ab_rank,
+            ab_min_rate=compression.ab_min_rate,
+            delta_downlinks=compression.downlink_kind == "delta",
+            run_seed=training.seed,
         )
 
     def to_record(self) -> RecordDict:

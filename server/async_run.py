@@ -64,7 +64,8 @@ class AsyncRun:
     recorder : RunRecorder
         Where events, ``summary.json`` and plots go.
     evaluate_fn : callable
-        ``state -> {"accuracy": ..., "loss": ..., ...}``, the central evaluation.
+        ``(version, state) -> {"accuracy": ..., "loss": ..., ...}`` or ``None``, the
+        central evaluation of the model at that version.
     clock : Clock, optional
         Overrides the clock the ``clock`` setting would build (tests).
     resume : AsyncCheckpoint, optional

@@ -24,8 +24,9 @@ from fedsync.server.checkpoint import AsyncCheckpoint, restore_tally, tally_stat
 
 __all__ = ["EvaluateFn", "RunJournal"]
 
-EvaluateFn = Callable[[dict[str, torch.Tensor]], Mapping[str, float] | None]
-"""``state -> {"accuracy": ..., "loss": ..., ...}``, or ``None`` (nothing measured)."""
+EvaluateFn = Callable[[int, dict[str, torch.Tensor]], Mapping[str, float] | None]
+"""``(version, state) -> {"accuracy": ..., "loss": ..., ...}``, or ``None`` (nothing
+measured): the central evaluation of the global model at a model version."""
 
 
 class RunJournal:
@@ -38,7 +39,8 @@ class RunJournal:
     recorder : RunRecorder
         The results folder.
     evaluate_fn : callable
-        ``state -> {"accuracy": ..., "loss": ..., ...}``, the central evaluation.
+        ``(version, state) -> {"accuracy": ..., "loss": ..., ...}`` or ``None``, the
+        central evaluation of the model at that version.
     resume : AsyncCheckpoint, optional
         The checkpoint the engine was built from: counters, job and times continue.
     checkpoint_fn : callable, optional
@@ -125,7 +127,7 @@ class RunJournal:
     def evaluate(self) -> None:
         """Evaluate the global model centrally and record it."""
         version = self.engine.version
-        metrics = self.evaluate_fn(self.engine.state)
+        metrics = self.evaluate_fn(version, self.engine.state)
         if metrics is None:  # an application's evaluate_fn may measure nothing this time
             return
         now = self.sim_now()

@@ -78,7 +78,6 @@ def run_async(
     strategy: Strategy | None = None,
     optimizer: ServerOptimizer | None = None,
     train_config: Mapping[str, ConfigValue] | None = None,
-    on_engine: Callable[[AggregationEngine], object] | None = None,
 ) -> AsyncResult:
     """Run the asynchronous strategy ``config.strategy`` over the Grid to a stop condition.
 
@@ -93,7 +92,8 @@ def run_async(
     global_state : mapping of str to torch.Tensor
         The initial global model (ignored when resuming: the checkpoint's is used).
     evaluate_fn : callable
-        ``state -> {"accuracy": ..., "loss": ..., ...}``, the central evaluation.
+        ``(version, state) -> {"accuracy": ..., "loss": ..., ...}`` or ``None``, the
+        central evaluation of the model at that version.
     codec_factory : callable, optional
         Spec string -> codec; default :func:`fedsync.engine.default_codec_factory`.
     clock : Clock, optional
@@ -113,17 +113,7 @@ def run_async(
         (:class:`fedsync.serverapp.AsyncStrategy` passes them).
     train_config : mapping, optional
         The application's own keys for every task's CONFIG record.
-    on_engine : callable, optional
-        Called with the engine before each evaluation, and before the run (the
-        strategy objects read the model version from it).
     """
-    if on_engine is not None:
-        evaluate_inner = evaluate_fn
-
-        def evaluate_fn(state: dict[str, torch.Tensor]) -> Mapping[str, float] | None:
-            on_engine(engine)
-            return evaluate_inner(state)
-
     engine = AggregationEngine(
         config,
         resume.global_state if resume is not None else global_state,
@@ -136,8 +126,6 @@ def run_async(
         strategy=strategy,
         optimizer=optimizer,
     )
-    if on_engine is not None:
-        on_engine(engine)
     channel = GridChannel(
         grid,
         task_ttl=config.runtime.task_ttl,

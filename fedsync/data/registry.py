@@ -35,7 +35,7 @@ from fedsync.data.types import (
     DatasetSplits,
     UnknownDatasetError,
 )
-from fedsync.plugins import check_signature, is_import_path, load_object
+from fedsync.plugins import check_signature, is_import_path, load_callable
 
 Builder = Callable[..., DatasetSplits]
 """``builder(files, **kwargs) -> DatasetSplits``; ``files`` maps logical keys to paths."""
@@ -214,8 +214,7 @@ def dataset_info(name: str) -> DatasetInfo:
     """
     if is_import_path(name):
         path = name.strip()
-        loader = load_object(path, "dataset")
-        check_signature(loader, path, "dataset", "loader(*, seed, data_dir)", seed=0, data_dir=None)
+        loader = load_callable(path, "dataset", "loader(*, seed, data_dir)", seed=0, data_dir=None)
         return DatasetInfo(
             name=path,
             build=loader,

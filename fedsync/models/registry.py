@@ -18,7 +18,7 @@ from fedsync.models.char_lstm import CharLSTM, small_char_lstm
 from fedsync.models.cnn import LeNet5
 from fedsync.models.logreg import LogisticRegression
 from fedsync.models.mlp import MLP, wide_mlp
-from fedsync.plugins import PluginError, check_signature, is_import_path, load_object
+from fedsync.plugins import PluginError, is_import_path, load_callable
 
 ModelFactory = Callable[..., nn.Module]
 """``factory(input_shape, num_classes, **kwargs) -> nn.Module``."""
@@ -77,9 +77,7 @@ def model_factory(name: str) -> ModelFactory:
         take ``(input_shape, num_classes)``).
     """
     if is_import_path(name):
-        loaded = load_object(name, "model")
-        check_signature(loaded, name, "model", "factory(input_shape, num_classes)", (1,), 2)
-        return loaded
+        return load_callable(name, "model", "factory(input_shape, num_classes)", (1,), 2)
     factory = _REGISTRY.get(name.strip().lower().replace("_", "-"))
     if factory is None:
         raise ValueError(f"unknown model {name!r}; valid: {', '.join(model_names())} (or {AUTO!r})")

@@ -26,6 +26,7 @@ and runs it with :meth:`AsyncStrategy.start`, as any application does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -150,16 +151,16 @@ class AsyncStrategy:
             "downlink-codec": downlink_codec,
             "downlink-kind": downlink_kind,
         }
-        self.staleness_function: StalenessFunction | None = None
+        staleness_function = None
         if isinstance(staleness, str):
             values["staleness"] = staleness
         else:
-            self.staleness_function = _as_staleness(staleness)
-        self.optimizer: ServerOptimizer | None = None
+            staleness_function = _as_staleness(staleness)
+        optimizer = None
         if isinstance(server_optimizer, str):
             values["server-optimizer"] = server_optimizer
         else:
-            self.optimizer = server_optimizer
+            optimizer = server_optimizer
         values.update(_schedule_keys(uplink_codec, ""))
         values.update(_schedule_keys(downlink_delta_codec, "downlink-"))
         extra = {name.replace("_", "-"): value for name, value in settings.items()}
@@ -170,8 +171,21 @@ class AsyncStrategy:
                 "instead of passing strategy="
             )
         values.update(extra)
-        self.config = RunConfig.from_run_config({**values, "strategy": self.name})
+        config = RunConfig.from_run_config({**values, "strategy": self.name})
+        self._bind(config, staleness_function, optimizer)
+
+    def _bind(
+        self,
+        config: RunConfig,
+        staleness_function: StalenessFunction | None = None,
+        optimizer: ServerOptimizer | None = None,
+    ) -> None:
+        self.config = config
         """Every setting, typed and checked (what checkpoints and summaries record)."""
+        self.staleness_function = staleness_function
+        """A staleness function object given in place of the ``staleness`` spec."""
+        self.optimizer = optimizer
+        """A server optimizer object given in place of the ``server-optimizer`` name."""
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> AsyncStrategy:
@@ -179,10 +193,8 @@ class AsyncStrategy:
         config into it; ``RunConfig.from_run_config(context.run_config, prefix=...)``
         reads yours)."""
         strategy = _CLASSES.get(config.strategy, cls)
-        built = strategy.__new__(strategy)
-        built.config = config
-        built.staleness_function = None
-        built.optimizer = None
+        built = strategy.__new__(strategy)  # the config is made: __init__'s work is done
+        built._bind(config)
         return built
 
     # --- running ------------------------------------------------------------------------------
@@ -242,11 +254,15 @@ class AsyncStrategy:
         config = self._with_stop(max_aggregations, max_wall_time, eval_every, target_accuracy)
         user_config = _task_config(train_config)
         initial = initial_arrays.to_torch_state_dict()
-        with tempfile.TemporaryDirectory(prefix="fedsync-") as scratch:
-            owned = recorder is None
+        owned = recorder is None
+        with contextlib.ExitStack() as scratch:
             if recorder is None:
-                folder = Path(results_dir).expanduser().resolve() if results_dir else None
-                recorder = RunRecorder(folder or Path(scratch), run_name)
+                folder = (
+                    Path(results_dir).expanduser().resolve()
+                    if results_dir
+                    else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="fedsync-")))
+                )
+                recorder = RunRecorder(folder, run_name)
             try:
                 result = self._run(grid, config, initial, evaluate_fn, user_config, recorder)
                 if owned:
@@ -305,16 +321,15 @@ class AsyncStrategy:
             check_fits(resume, initial)
             recorder.events.write("resume", checkpoint=str(path), version=resume.version)
         metrics: dict[int, MetricRecord] = {}
-        version = [0]
 
-        def evaluate(state: Mapping[str, torch.Tensor]) -> dict[str, float] | None:
+        def evaluate(version: int, state: Mapping[str, torch.Tensor]) -> dict[str, float] | None:
             if evaluate_fn is None:
                 return None
             arrays = ArrayRecord({k: v.detach().to("cpu") for k, v in state.items()})
-            record = evaluate_fn(version[0], arrays)
+            record = evaluate_fn(version, arrays)
             if record is None:
                 return None
-            metrics[version[0]] = record
+            metrics[version] = record
             return {k: float(v) for k, v in record.items() if isinstance(v, int | float)}
 
         started = time.monotonic()
@@ -329,7 +344,6 @@ class AsyncStrategy:
             strategy=self._policy(config),
             optimizer=self.optimizer,
             train_config=train_config,
-            on_engine=lambda engine: version.__setitem__(0, engine.version),
         )
         outcome.result.details["checkpoints"] = {
             "every": section.checkpoint_every,

@@ -2,7 +2,7 @@
 real ClientApp path, and what bad factors do.
 
 The engine (:class:`fedsync.engine.AggregationEngine`) plans tasks with a side and the
-frozen factor; the device side is :func:`fedsync.clients.compressed.train_compressed` (decode,
+frozen factor; the device side is :func:`fedsync.clients.app.train_task` (decode,
 train on digits, encode) with hand-built Flower messages, as in ``test_client_state``.
 """
 
@@ -17,7 +17,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
 from fedsync.clients.ab_training import FactoredModel, FactorTaskError, decode_frozen
-from fedsync.clients.compressed import train_compressed
+from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
@@ -85,7 +85,7 @@ def context(node: dict[str, Any] | None = None, **overrides: Any) -> Context:
 
 def reply(plan: TaskPlan, run: RunConfig, **overrides: Any) -> TrainReply:
     ctx = context(**overrides)
-    out = train_compressed(message(plan, run), ctx, ClientRuntime.from_context(ctx))
+    out = train_task(message(plan, run), ctx, ClientRuntime.from_context(ctx))
     return TrainReply.from_record(out.content)
 
 
@@ -218,7 +218,7 @@ def test_a_nan_in_a_factor_is_rejected_and_the_model_untouched() -> None:
     plan = server.plan_task(node_id=1, number=1)
     # the deployment tests' faulty node: a well-formed frame with one NaN value
     ctx = context(node={"fault": "nan"})
-    out = train_compressed(message(plan, run), ctx, ClientRuntime.from_context(ctx))
+    out = train_task(message(plan, run), ctx, ClientRuntime.from_context(ctx))
     answer = TrainReply.from_record(out.content)
     server.arrived(plan, len(answer.payload))
     verdict = server.receive(plan, answer.payload, 100)
@@ -238,7 +238,7 @@ def test_a_node_refuses_factors_that_do_not_fit_its_model() -> None:
     bad = UpdateCodec("none+fp16").encode(wrong)
     ctx = context()
     with pytest.raises(PayloadError, match=name.replace(".", r"\.")):
-        train_compressed(message(plan, run, factors=bad), ctx, ClientRuntime.from_context(ctx))
+        train_task(message(plan, run, factors=bad), ctx, ClientRuntime.from_context(ctx))
     with pytest.raises(FactorTaskError, match="ab-rank = 0"):
         decode_frozen(plan.factors, "A", server.specs, rank=0, min_rate=2.0)
 

@@ -250,11 +250,13 @@ def initial_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def make_evaluate(nodes: Iterable[int]) -> Callable[[dict[str, torch.Tensor]], dict[str, float]]:
+def make_evaluate(
+    nodes: Iterable[int],
+) -> Callable[[int, dict[str, torch.Tensor]], dict[str, float]]:
     """Distance to the mean of the nodes' targets (their common optimum)."""
     mean = {k: torch.stack([targets_for(n)[k] for n in nodes]).mean(0) for k in SHAPES}
 
-    def evaluate(state: dict[str, torch.Tensor]) -> dict[str, float]:
+    def evaluate(version: int, state: dict[str, torch.Tensor]) -> dict[str, float]:
         squared = sum(float(((state[k] - mean[k]) ** 2).sum()) for k in SHAPES)
         loss = squared / sum(mean[k].numel() for k in SHAPES)  # mean squared distance
         return {"loss": loss, "accuracy": 1.0 / (1.0 + 10.0 * loss)}

@@ -3,7 +3,7 @@
 In Flower's simulation every node's ``context.state`` lives in one process, so a copy
 of the model per node there is memory that grows with the number of nodes; a run whose
 downlinks are all ``full`` has no use for it. The real ClientApp path runs here
-(:func:`fedsync.clients.compressed.train_compressed` on digits), as in ``test_client_state``.
+(:func:`fedsync.clients.app.train_task` on digits), as in ``test_client_state``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Context, RecordDict
 
-from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE, train_compressed
+from fedsync.clients.app import train_task
+from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE
 from fedsync.clients.runtime import ClientRuntime
 from tests.unit.test_client_state import RUN_CONFIG, _task_identity, global_model, task
 
@@ -33,14 +34,14 @@ def _context(run_config: dict[str, Any]) -> Context:
 def test_full_downlink_runs_keep_no_model_per_node() -> None:
     # The task says whether the run sends delta downlinks (the server knows).
     context = _context({**RUN_CONFIG, "downlink-kind": "full"})
-    train_compressed(task(1, delta_downlinks=False), context, ClientRuntime.from_context(context))
+    train_task(task(1, delta_downlinks=False), context, ClientRuntime.from_context(context))
     assert DOWNLINK_BASE not in context.state.array_records
     assert CODEC_STATE in context.state.array_records  # error feedback memory stays
 
 
 def test_delta_downlink_runs_keep_the_decoded_model() -> None:
     context = _context({**RUN_CONFIG, "downlink-kind": "delta"})
-    train_compressed(task(1, delta_downlinks=True), context, ClientRuntime.from_context(context))
+    train_task(task(1, delta_downlinks=True), context, ClientRuntime.from_context(context))
     base = context.state.array_records[DOWNLINK_BASE]
     for name, tensor in global_model().items():
         np.testing.assert_array_equal(base[name].numpy(), tensor.numpy())

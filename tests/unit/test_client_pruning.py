@@ -1,7 +1,7 @@
 """A node in a pruned run: it keeps the masks a task delivers, trains the subnetwork, and
 sends values at the kept positions only.
 
-The real ClientApp path runs (:func:`fedsync.clients.compressed.train_compressed`: decode the
+The real ClientApp path runs (:func:`fedsync.clients.app.train_task`: decode the
 downlink, train on digits, encode), with hand-built Flower Messages as in
 ``test_client_state``; a "restart" is a fresh ``Context``.
 """
@@ -15,12 +15,8 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
-from fedsync.clients.compressed import (
-    PRUNING_MASK,
-    PruningMaskError,
-    hold_pruned_at_zero,
-    train_compressed,
-)
+from fedsync.clients.app import train_task
+from fedsync.clients.compressed import PRUNING_MASK, PruningMaskError, hold_pruned_at_zero
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import apply_masks, magnitude_masks, mask_digest, masked_spec
@@ -84,7 +80,7 @@ def context() -> Context:
 
 
 def uplink(message: Message, ctx: Context) -> bytes:
-    reply = train_compressed(message, ctx, ClientRuntime.from_context(ctx))
+    reply = train_task(message, ctx, ClientRuntime.from_context(ctx))
     return bytes(reply.content.array_records[protocol.UPLINK][protocol.PAYLOAD].numpy().tobytes())
 
 

@@ -1,6 +1,6 @@
 """The codec's sender memory survives a SuperNode restart when ``state-dir`` is set.
 
-These run the real ClientApp path (:func:`fedsync.clients.compressed.train_compressed`: decode
+These run the real ClientApp path (:func:`fedsync.clients.app.train_task`: decode
 the downlink, train on digits, error-feedback encode) with hand-built Flower Messages.
 A "restart" is a fresh ``Context`` (empty ``context.state``), as a restarted SuperNode
 gets; the reference is the same node without a restart.
@@ -20,7 +20,8 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
-from fedsync.clients.compressed import CODEC_STATE, train_compressed
+from fedsync.clients.app import train_task
+from fedsync.clients.compressed import CODEC_STATE
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.clients.state_store import JOURNAL, CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
@@ -85,7 +86,7 @@ def fresh_context(state_dir: Path | None, **node: Any) -> Context:
 
 
 def uplink(message: Message, context: Context) -> bytes:
-    reply = train_compressed(message, context, ClientRuntime.from_context(context))
+    reply = train_task(message, context, ClientRuntime.from_context(context))
     return bytes(reply.content.array_records[protocol.UPLINK][protocol.PAYLOAD].numpy().tobytes())
 
 

@@ -1,6 +1,6 @@
 """The uplink codec's memory stays live on the node's device between tasks.
 
-The real ClientApp path (:func:`fedsync.clients.compressed.train_compressed` on digits, as in
+The real ClientApp path (:func:`fedsync.clients.app.train_task` on digits, as in
 ``test_client_state``), with the live state switched on for the CPU (it is on for
 accelerators only; the CPU stands in here), must send exactly what a node reloading
 ``context.state`` sends, keep the very same residual tensors from task to task, and

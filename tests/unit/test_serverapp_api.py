@@ -31,7 +31,7 @@ def flower_evaluate(calls: list[int]):  # type: ignore[no-untyped-def]
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         calls.append(server_round)
-        return MetricRecord(inner(arrays.to_torch_state_dict()))
+        return MetricRecord(inner(server_round, arrays.to_torch_state_dict()))
 
     return evaluate
 
