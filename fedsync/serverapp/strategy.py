@@ -53,9 +53,15 @@ FlowerEvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 """Flower's central evaluation: ``(server_round, arrays) -> MetricRecord | None``; here
 ``server_round`` is the model version (aggregations so far)."""
 
-LIBRARY_DEFAULTS: Mapping[str, ConfigValue] = {"clock": "wall", "fleet": "", "plots": False}
+LIBRARY_DEFAULTS: Mapping[str, ConfigValue] = {
+    "clock": "wall",
+    "fleet": "",
+    "plots": False,
+    "checkpoint-every": 0,
+}
 """Where a strategy object differs from the ``pyproject.toml`` defaults of fedsync's own
-app: real time (no simulated fleet), and no PNG plots unless asked for."""
+app: real time (no simulated fleet), no PNG plots and no server checkpoints unless asked
+for (``plots=True``, ``checkpoint_every=10``)."""
 
 
 @dataclass
