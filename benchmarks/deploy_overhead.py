@@ -1,18 +1,18 @@
-"""Where a deployed task's time goes: the stock ClientApp path against the warm worker.
+"""Where a deployed task's time goes: the stock ClientApp path against the warm executor.
 
 Run ``python -m benchmarks.deploy_overhead`` (writes
-``benchmarks/results/deploy_overhead.json`` and ``deploy_overhead.png``). Both paths run
-in one invocation, one after the other, on the same machine: a real ``flower-superlink``
-and real ``flower-supernode`` processes over loopback gRPC (TLS, node authentication,
-:class:`fedsync.deploy.LocalDeployment`), the ``fedasync`` strategy on the wall clock,
-the digits MLP, ``--tasks`` train tasks per path.
+``benchmarks/results/deploy_overhead.json`` and ``deploy_overhead.png``). The paths of
+``--modes`` run in one invocation, one after the other, on the same machine: a real
+``flower-superlink`` and real ``flower-supernode`` processes over loopback gRPC (TLS, node
+authentication, :class:`fedsync.deploy.LocalDeployment`), the ``fedasync`` strategy on the
+wall clock, the digits MLP, ``--tasks`` train tasks per path.
 
 * ``stock``: every message runs the full ClientApp in the fresh ``flwr-clientapp``
   process Flower starts for it; Flower's defaults for its local polls.
-* ``warm``: node config ``worker-dir`` (the fresh process hands the task to the node's
-  warm worker, :mod:`fedsync.clients.warm`) and ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` =
-  ``--exec-poll`` seconds (the SuperNode's SuperExec asks for new ClientApp work that
-  often; Flower's default is 1 s).
+* ``exec``: the warm executor (:class:`fedsync.deploy.warm.WarmLocalDeployment`), asking
+  its SuperNode for ClientApp work every ``--exec-poll`` seconds;
+* ``exec-poll``: the same with the SuperNode's poll of the SuperLink at
+  ``--supernode-poll`` seconds (:mod:`fedsync.deploy.fast_poll`).
 
 Each task's round trip (as the server measured it) is split with the SuperNodes'
 timestamped logs (:mod:`fedsync.deploy.timing`) and the ClientApp's per-message timing
@@ -25,9 +25,9 @@ lines (node config ``timing-log``) into:
 ``exec_start``
     the SuperNode holds the message until ``flwr-clientapp`` runs (SuperExec poll, spawn);
 ``clientapp_boot``
-    that process's Python start, Flower imports, task fetch and app load;
+    that process's Python start, Flower imports and task fetch;
 ``imports``
-    stock: importing the full ClientApp (torch); warm: reaching (or starting) the worker;
+    loading the ClientApp module (torch), by the first message of a process;
 ``data``, ``training``
     loading the partition; local training (the reply's ``compute-seconds``);
 ``encode``
@@ -42,8 +42,8 @@ lines (node config ``timing-log``) into:
 
 Overhead = round trip - training - download - upload (everything but training and the
 bytes on the wire). The machine is shared and noisy: medians and min/max are reported.
-With ``--soak S`` only the warm path runs, for ``S`` seconds, sampling every node's RSS
-(all processes of its process group) to show it stays flat.
+With ``--soak S`` only the ``--soak-mode`` path runs, for ``S`` seconds, sampling every
+node's RSS (all processes of its process group) to show it stays flat.
 """
 
 from __future__ import annotations
@@ -65,10 +65,12 @@ from fedsync.deploy.timing import parse_supernode_log
 from fedsync.deploy.warm import WarmLocalDeployment
 from fedsync.progress import track
 from fedsync.reports import read_events
+from fedsync.reports.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 EXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+MODES = ("stock", "exec", "exec-poll")
 PHASES = (
     "poll_wait",
     "download",
@@ -169,7 +171,7 @@ def split_tasks(
             busy = message.sent - message.receiving
             next_dispatch = node_dispatches[k + 1] if k + 1 < len(node_dispatches) else None
             handler = line["handler_end"] - line["handler_start"]
-            imports = float(line.get("imports_s", line.get("spawn_s", 0.0)))
+            imports = float(line.get("imports_s", 0.0))
             data = float(line.get("data_s", 0.0))
             training = float(line["compute_s"])
             # A warm executor's process predates the message: no start, no boot.
@@ -200,7 +202,6 @@ def split_tasks(
                     "device_class": line.get("device_class", ""),
                     "round_trip_s": round(round_trip, 3),
                     "overhead_s": round(overhead, 3),
-                    "worker_tasks": line.get("worker_tasks"),
                     **{
                         name: (round(value, 3) if value is not None else None)
                         for name, value in phases.items()
@@ -249,7 +250,7 @@ def run_path(
     wall_time: float = 0.0,
     device_classes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One deployment on the ``stock`` or ``warm`` path; its per-task rows and RSS samples."""
+    """One deployment on a path of :data:`MODES`; its per-task rows and RSS samples."""
     folder = work / mode
     results = folder / "results"
     node_configs: list[dict[str, Any]] = []
@@ -263,14 +264,8 @@ def run_path(
         }
         if device_classes:
             config["device-class"] = device_classes[i % len(device_classes)]
-        if mode == "warm":
-            config["worker-dir"] = str(folder / f"worker-{i}")
         node_configs.append(config)
-    previous = os.environ.get(EXEC_POLL_ENV)
-    if mode == "warm":
-        os.environ[EXEC_POLL_ENV] = f"{exec_poll:g}"
-    else:
-        os.environ.pop(EXEC_POLL_ENV, None)
+    previous = os.environ.pop(EXEC_POLL_ENV, None)  # stock: Flower's SuperExec poll
     run_config: dict[str, Any] = {
         "strategy": "fedasync",
         "clock": "wall",
@@ -327,14 +322,14 @@ def run_path(
         1
         for i in range(nodes)
         for _, line in read_timestamped_log(logs[i])
-        if "starting its warm worker" in line
+        if "warm executor exited" in line
     )
     return {
         "mode": mode,
         "wall_s": round(elapsed, 1),
         "superlink_cpu_s": round(superlink_cpu, 2),
         "node_configs": node_configs,
-        "worker_starts": restarts,
+        "executor_restarts": restarts,
         "tasks": rows,
         "rss_mb": sampler.samples,
     }
@@ -347,7 +342,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in ("stock", "warm", "exec", "exec-poll") if m in result["summary"]]
+    modes = [m for m in MODES if m in result["summary"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottoms = [0.0] * len(modes)
     colors = [plt.get_cmap("tab20")(k) for k in range(20)]
@@ -371,15 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=12, help="train tasks per path")
     parser.add_argument("--exec-poll", type=float, default=0.05)
     parser.add_argument("--supernode-poll", type=float, default=0.2, help="exec-poll mode")
-    parser.add_argument("--modes", default="stock,warm")
+    parser.add_argument("--modes", default="stock,exec", help=f"of {', '.join(MODES)}")
     parser.add_argument("--soak", type=float, default=0.0, help="one path only, seconds")
-    parser.add_argument("--soak-mode", default="exec")
+    parser.add_argument("--soak-mode", default="exec", choices=MODES)
     parser.add_argument("--device-classes", default="laptop-x86,jetson-orin")
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_overhead.json")
     args = parser.parse_args(argv)
     classes = [c for c in args.device_classes.split(",") if c]
     result: dict[str, Any] = {
         "benchmark": "deploy_overhead",
+        "provenance": provenance("python -m benchmarks.deploy_overhead", argv),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -391,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "summary": {},
     }
     modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
+    if unknown := sorted(set(modes) - set(MODES)):
+        parser.error(f"unknown --modes {', '.join(unknown)}; choose from {', '.join(MODES)}")
     with tempfile.TemporaryDirectory(prefix="deploy-overhead-") as tmp:
         for mode in track(modes, "deployment paths"):
             run = run_path(
@@ -407,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             result["summary"][mode] = {
                 "all": summarize(run["tasks"], skip_first=False),
                 "steady": summarize(run["tasks"], skip_first=True),
-                "worker_starts": run["worker_starts"],
+                "executor_restarts": run["executor_restarts"],
             }
             print(mode, json.dumps(result["summary"][mode]["steady"], indent=1), flush=True)
     result["machine"]["loadavg_end"] = os.getloadavg()

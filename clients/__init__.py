@@ -1,1 +1,1 @@
-"""The fedsync Flower ClientApp: ``fedsync.clients.warm:app`` runs ``fedsync.clients.app``."""
+"""The fedsync Flower ClientApp: ``fedsync.clients.app:app``."""

@@ -5,7 +5,8 @@ partition (``partition-id``, ``num-partitions``) and its torch device (``device`
 from the node config, everything else from the run config. Optional node config:
 ``state-dir`` keeps the codec's error-feedback state on disk across SuperNode restarts
 (:mod:`fedsync.clients.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
-updates, for testing deployments only (:mod:`fedsync.clients.faults`).
+updates, for testing deployments only (:mod:`fedsync.clients.faults`); ``timing-log``
+appends each message's phase times to a JSONL file (:mod:`fedsync.clients.timing`).
 
 Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
 
@@ -18,6 +19,10 @@ Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
 
 from __future__ import annotations
 
+# First: it times the imports below (torch) for node config timing-log.
+from fedsync.clients import timing
+
+# isort: split
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -26,7 +31,7 @@ from fedsync.clientapp import probe_reply, receive
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.models.training import evaluate as evaluate_model
 
-app = ClientApp()
+app = ClientApp(mods=[timing.phase_timing()])
 
 
 @app.train()

@@ -1,7 +1,7 @@
 """The uplink codec's sender memory kept on the node's device between tasks.
 
 A node that trains on a GPU and runs in a process that outlives its tasks (the warm
-executor or worker) would otherwise rebuild the error-feedback residual from
+executor) would otherwise rebuild the error-feedback residual from
 ``context.state`` on every task: host arrays uploaded to the device again, after the
 previous task copied them down to save them. Here the live :class:`CodecState` (its
 residuals, velocities and PowerSGD factors still on the device) stays in the process

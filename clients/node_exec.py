@@ -34,29 +34,21 @@ import time
 from logging import ERROR, INFO, WARNING
 from typing import Any
 
-from flwr.app import Message
-from flwr.app.error import Error
-from flwr.cli.install import install_from_fab
-from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.constant import ErrorCode, SubStatus
+from flwr.app import Error, Message
 from flwr.common.logger import log
-from flwr.proto.runtime_pb2 import AcquireTaskRequest
-from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.interceptors import (
-    RuntimeTokenHttpInterceptor,
-    RuntimeVersionHttpInterceptor,
-)
-from flwr.supercore.retry import make_simple_http_retry_invoker
-from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime.run_clientapp import (
-    pull_task_input,
-    push_message,
-    push_task_output,
-)
 
-from fedsync.clients.worker_channel import group_alive
-from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S, shorten_object_pulls
+from fedsync.compat import flower139
+
+
+def group_alive() -> bool:
+    """Whether the leader of this process group (the SuperNode) still runs."""
+    try:
+        os.kill(os.getpgrp(), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class WarmExecutor:
@@ -75,18 +67,20 @@ class WarmExecutor:
         self.poll = poll
         # The SuperNode hands a task out before its message's objects have arrived; pull
         # them again after ``poll``, not after Flower's 1 s, and at most
-        # LOCAL_PULL_RETRY_CAP_S apart while a slow downlink delivers them (fedsync.object_pulls).
-        if not shorten_object_pulls(poll, cap=LOCAL_PULL_RETRY_CAP_S):
+        # LOCAL_PULL_RETRY_CAP_S apart while a slow downlink delivers them.
+        if not flower139.shorten_object_pulls(poll, cap=flower139.LOCAL_PULL_RETRY_CAP_S):
             log(WARNING, "[fedsync] object pulls keep Flower's 1 s retry (unknown layout)")
         self.tasks = 0
         self._apps: dict[str, Any] = {}
-        self._load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-        self._client = RuntimeHttpClient.from_server_address(
+        self._load = flower139.get_load_client_app_fn(
+            default_app_ref="", app_path=None, multi_app=True
+        )
+        self._client = flower139.RuntimeHttpClient.from_server_address(
             server_address=runtime_api_address,
             insecure=True,
             root_certificates=None,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=make_simple_http_retry_invoker(),
+            interceptors=[flower139.RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            retry_invoker=flower139.make_simple_http_retry_invoker(),
         )
 
     def serve_forever(self) -> None:
@@ -94,8 +88,9 @@ class WarmExecutor:
         log(INFO, "[fedsync] warm executor pid %d serves %s", os.getpid(), self.address)
         while group_alive():
             response = self._client.AcquireTask(
-                AcquireTaskRequest(
-                    supported_task_types=[TaskType.CLIENT_APP.value], agentapp_fab_hashes=[]
+                flower139.AcquireTaskRequest(
+                    supported_task_types=[flower139.TaskType.CLIENT_APP.value],
+                    agentapp_fab_hashes=[],
                 )
             )
             if response.HasField("task") and response.token:
@@ -105,42 +100,44 @@ class WarmExecutor:
 
     def run_task(self, token: str) -> None:
         """Run one acquired task (the steps of ``flwr-clientapp``, in this process)."""
-        client = RuntimeHttpClient.from_server_address(
+        client = flower139.RuntimeHttpClient.from_server_address(
             server_address=self.address,
             insecure=True,
             root_certificates=None,
             interceptors=[
-                RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                RuntimeTokenHttpInterceptor(token),
+                flower139.RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                flower139.RuntimeTokenHttpInterceptor(token),
             ],
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=flower139.make_simple_http_retry_invoker(),
         )
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        heartbeat = flower139.HeartbeatSender(flower139.make_task_heartbeat_fn_http(client))
         heartbeat.start()
         message = context = reply = None
-        status, details = SubStatus.FAILED, "ClientApp task failed"
+        status, details = flower139.SubStatus.FAILED, "ClientApp task failed"
         try:
-            message, context, run, fab = pull_task_input(client)
+            message, context, run, fab = flower139.pull_task_input(client)
             app = self._apps.get(fab.hash_str)
             if app is None:
-                install_from_fab(fab.content, skip_prompt=True)
+                flower139.install_from_fab(fab.content, skip_prompt=True)
                 app = self._load(run.fab_id, run.fab_version, fab.hash_str)
                 self._apps[fab.hash_str] = app
             reply = app(message=message, context=context)
-            status, details = SubStatus.COMPLETED, ""
+            status, details = flower139.SubStatus.COMPLETED, ""
         except Exception as err:
             log(ERROR, "[fedsync] ClientApp raised %s: %s", type(err).__name__, err)
             details = f"{type(err)}:<'{err}'>"
             if message is not None:
                 reply = Message(
-                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
+                    Error(code=flower139.ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
                     reply_to=message,
                 )
         try:
             if reply is not None and context is not None:
-                push_message(client, reply, context)
+                flower139.push_message(client, reply, context)
         finally:
-            push_task_output(client=client, context=context, sub_status=status, details=details)
+            flower139.push_task_output(
+                client=client, context=context, sub_status=status, details=details
+            )
             heartbeat.stop()
             client.close()
         self.tasks += 1
@@ -174,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--supervise", action="store_true")
     args = parser.parse_args(argv)
+    problem = flower139.warm_executor_problem()
+    if problem:
+        sys.stderr.write(f"the warm executor needs Flower 1.39's runtime modules: {problem}\n")
+        return 2
     if args.supervise:
         return supervise([a for a in argv if a != "--supervise"])
     WarmExecutor(args.runtime_api_address, args.poll).serve_forever()

@@ -15,40 +15,27 @@ whose reply it does not already hold, and hands each reply it gets to a small th
 pool that pulls the objects, confirms and inflates; :meth:`ReplyPulls.pull` returns the
 replies whose pulls have finished and never waits for one that has not.
 
-It reads one private name of Flower's, ``HttpGrid._runtime_client`` (the Runtime API
-client the grid itself uses; its HTTP client is safe to share between threads), and
-:func:`concurrent_pulls` checks the layout first: any other Grid, or another Flower
+The two steps use the grid's own Runtime API client through
+:mod:`fedsync.compat.flower139` (``announced_replies``, ``pull_reply``), and
+:func:`concurrent_pulls` checks Flower's layout first: any other Grid, or another Flower
 layout, keeps the Grid's own ``pull_messages``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import ERROR, WARNING
-from typing import Any, Final
+from typing import Final
 
 import httpx
 from flwr.app import Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S, shorten_object_pulls
-
-try:  # Flower 1.39's layout; concurrent_pulls falls back without it
-    from flwr.common.constant import ErrorCode
-    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullAppMessagesResponse
-    from flwr.supercore.inflatable import inflatable_utils
-    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
-    from flwr.superlink.grid.http_grid import HttpGrid
-except ImportError as _err:
-    _IMPORT_PROBLEM = f"import failed: {_err}"
-else:
-    _IMPORT_PROBLEM = ""
+from fedsync.compat import flower139
 
 __all__ = ["DEFAULT_WORKERS", "PulledReply", "ReplyPulls", "SerialPulls", "concurrent_pulls"]
 
@@ -148,24 +135,16 @@ class ReplyPulls:
             raise RuntimeError("ReplyPulls is closed")
         wanted = [m for m in message_ids if m not in self._pulling]
         if wanted:
-            client = self._client()
             try:
-                response = client.PullMessages(PullAppMessagesRequest(message_ids=wanted))
+                announced = flower139.announced_replies(self._grid, wanted)
             except httpx.HTTPStatusError as err:
                 # As Flower's own pull: a response too large to take is logged, not raised.
                 if err.response.status_code != httpx.codes.REQUEST_ENTITY_TOO_LARGE:
                     raise
                 log(ERROR, "[fedsync] PullMessages for %d replies: %s", len(wanted), err)
-                response = PullAppMessagesResponse()
-            for proto, tree in zip(
-                response.messages_list, response.message_object_trees, strict=True
-            ):
-                task_id = proto.metadata.reply_to_message_id
-                object_ids = [t.object_id for t in iterate_object_tree(tree)]
-                reply_id = proto.metadata.message_id
-                self._pulling[task_id] = self._pool.submit(
-                    self._pull_one, task_id, reply_id, object_ids
-                )
+                announced = []
+            for reply in announced:
+                self._pulling[reply.task_id] = self._pool.submit(self._pull_one, reply)
         done = [m for m, future in self._pulling.items() if future.done()]
         pulled = []
         for message_id in done:
@@ -195,48 +174,19 @@ class ReplyPulls:
         self._pulling.clear()
 
     # --- on a worker thread -------------------------------------------------------------------
-    def _client(self) -> Any:
-        return self._grid._runtime_client  # type: ignore[attr-defined]
-
-    def _pull_one(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
+    def _pull_one(self, reply: flower139.AnnouncedReply) -> PulledReply:
+        task_id = reply.task_id
         try:
-            return self._pull_and_inflate(task_id, reply_id, object_ids)
+            message = flower139.pull_reply(
+                self._grid,
+                reply,
+                stopped=lambda: self._closed.is_set() or task_id in self._forgotten,
+            )
+        except flower139.ReplyUnavailable as err:
+            return PulledReply(task_id, None, code=err.code, reason=err.reason)
         finally:
             self._forgotten.discard(task_id)
-
-    def _pull_and_inflate(self, task_id: str, reply_id: str, object_ids: list[str]) -> PulledReply:
-        client, node, run_id = self._client(), self._grid.node, self._grid.run.run_id  # type: ignore[attr-defined]
-        fetch = make_pull_object_fn_protobuf(
-            pull_object_protobuf=client.PullObject, node=node, run_id=run_id
-        )
-        try:
-            contents = inflatable_utils.pull_objects(
-                object_ids, pull_object_fn=self._unless_stopped(task_id, fetch)
-            )
-        except inflatable_utils.ObjectPullError as err:
-            reason = (
-                "Reply message objects are unavailable. The sender may not have completed "
-                f"the upload before the object-push session expired. {err}"
-            )
-            return PulledReply(task_id, None, code=ErrorCode.MESSAGE_UNAVAILABLE, reason=reason)
-        client.ConfirmMessageReceived(
-            ConfirmMessageReceivedRequest(node=node, run_id=run_id, message_object_id=reply_id)
-        )
-        message = inflatable_utils.inflate_object_from_contents(reply_id, contents)
-        if not isinstance(message, Message):
-            raise TypeError(f"reply {reply_id} inflated to {type(message).__name__}")
-        message.metadata.__dict__["_message_id"] = reply_id  # as Flower's own pull sets it
         return PulledReply(task_id, message)
-
-    def _unless_stopped(
-        self, task_id: str, fetch: Callable[[str], bytes]
-    ) -> Callable[[str], bytes]:
-        def fetch_unless_stopped(object_id: str) -> bytes:
-            if self._closed.is_set() or task_id in self._forgotten:
-                raise inflatable_utils.ObjectPullError(object_id, "no longer awaited")
-            return fetch(object_id)
-
-        return fetch_unless_stopped
 
 
 def concurrent_pulls(
@@ -249,36 +199,23 @@ def concurrent_pulls(
     keeps the Grid's own (one reply after another) ``pull_messages``.
 
     On the HTTP Grid either way, the object pulls of this process retry from
-    ``retry_from`` seconds, at most :data:`~fedsync.object_pulls.LOCAL_PULL_RETRY_CAP_S`
+    ``retry_from`` seconds, at most :data:`~fedsync.compat.flower139.LOCAL_PULL_RETRY_CAP_S`
     apart: Flower announces a reply while its node is still uploading it and would
     retry 1, 2, 4 ... 10 s apart, and the SuperLink that started the ServerApp is on
     its host.
     """
-    if _IMPORT_PROBLEM:
-        _log_fallback(_IMPORT_PROBLEM)
+    why = flower139.reply_pulls_import_problem()
+    if why:
+        _log_fallback(why)
         return None
-    if not isinstance(grid, HttpGrid):
+    if not flower139.is_http_grid(grid):
         return None
-    shorten_object_pulls(retry_from, cap=LOCAL_PULL_RETRY_CAP_S)
-    why = _layout_problem(grid)
+    flower139.shorten_object_pulls(retry_from, cap=flower139.LOCAL_PULL_RETRY_CAP_S)
+    why = flower139.http_grid_layout_problem(grid)
     if why:
         _log_fallback(why)
         return None
     return ReplyPulls(grid, workers=workers)
-
-
-def _layout_problem(grid: Grid) -> str:
-    """Why Flower's layout is not the expected one; ``""`` if it is."""
-    if not hasattr(ErrorCode, "MESSAGE_UNAVAILABLE"):
-        return "no ErrorCode.MESSAGE_UNAVAILABLE"
-    for name in ("pull_objects", "inflate_object_from_contents", "ObjectPullError"):
-        if not hasattr(inflatable_utils, name):
-            return f"no inflatable_utils.{name}"
-    if not isinstance(getattr(type(grid), "_runtime_client", None), property):
-        return "HttpGrid has no _runtime_client"
-    if not hasattr(grid, "node"):
-        return "HttpGrid has no node"
-    return ""
 
 
 def _log_fallback(why: str) -> None:

@@ -96,14 +96,15 @@ def parse_run_config(items: list[str]) -> dict[str, Any]:
         of the wrong type or out of range.
     """
     import click
-    from flwr.common.config import parse_config_args
+
+    from fedsync.compat.flower139 import parse_config_args
 
     for item in items:
         for token in item.split():
             if "=" not in token and not Path(token).is_file():
                 raise SettingsError(f"run config: expected key=value, got {token!r}")
     try:
-        values = dict(parse_config_args(items))
+        values = parse_config_args(items)
     except click.ClickException as err:
         raise SettingsError(f"run config: {err.message}") from err
     check_keys(values)

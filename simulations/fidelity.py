@@ -51,11 +51,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedsync.compat.flower139 import LOCAL_PULL_RETRY_CAP_S
 from fedsync.deploy.links import NODE_KINDS, LinkRun, run_over_links
 from fedsync.deploy.local import LocalSuperLink
 from fedsync.deploy.netns import LinkShape, netns_unavailable_reason
 from fedsync.deploy.timing import TaskTiming
-from fedsync.object_pulls import LOCAL_PULL_RETRY_CAP_S
 from fedsync.reports import read_events
 from fedsync.simulations.fidelity_setup import Calibration, FidelitySetup, modelled_transfer_s
 from fedsync.simulations.results import evaluation_entries
@@ -356,7 +356,7 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
         "outside_polling_and_pull): Flower announces a reply while its node is still "
         "uploading it, and the ServerApp pulls its objects until they are all in, retrying "
         f"from its poll interval, at most {LOCAL_PULL_RETRY_CAP_S:g} s apart "
-        "(fedsync.object_pulls); replies are "
+        "(fedsync.compat.flower139); replies are "
         "pulled concurrently (fedsync.server.reply_pulls), so no reply waits behind another's "
         "upload. The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "

@@ -40,14 +40,14 @@ def read_run_config(items: Sequence[str]) -> RunConfig:
     fedsync.config.SettingsError
         On a malformed string, an unknown key or a bad value.
     """
-    from flwr.common.config import parse_config_args
+    from fedsync.compat.flower139 import parse_config_args
 
     for item in items:
         for token in item.split():
             if "=" not in token:
                 raise SettingsError(f"run config: expected key=value, got {token!r}")
     try:
-        values = dict(parse_config_args(list(items)))
+        values = parse_config_args(items)
     except click.ClickException as err:
         raise SettingsError(f"run config: {err.message}") from err
     check_keys(values)

@@ -2,70 +2,47 @@
 
 Flower 1.39's SuperNode sleeps a hard-coded 3 s between requests for work and 0.5 s
 between checks for a finished reply; no flag or environment variable changes either.
-This launcher runs the unchanged ``flower-supernode`` entry point in this process after
-replacing the ``time`` module *seen by* ``flwr.supernode.start_client_internal`` with one
-whose ``sleep`` waits at most ``FEDSYNC_SUPERNODE_POLL`` seconds (everything else is the
-real ``time``)::
+This launcher runs the unchanged ``flower-supernode`` entry point in this process with
+both sleeps capped at ``FEDSYNC_SUPERNODE_POLL`` seconds
+(:func:`fedsync.compat.flower139.cap_supernode_poll`)::
 
     FEDSYNC_SUPERNODE_POLL=0.2 python -m fedsync.deploy.fast_poll <flower-supernode args>
 
 Each poll is one ``PullMessages`` call to the SuperLink: ``n`` idle nodes polling every
 ``p`` seconds cost it ``n / p`` calls a second (measured in
-``benchmarks/results/deploy_overhead.json``, ``superlink_cpu_s``). It relies on a module
-layout of Flower 1.39 and refuses to run on any other version.
+``benchmarks/results/deploy_overhead.json``, ``superlink_cpu_s``). It refuses to run on
+any Flower but 1.39.
 
-A message's payload travels as separate objects: the SuperNode stores a pulled message
-before its objects have arrived, and the SuperLink can hand a message out before the
-ServerApp has pushed all of its objects. A reader that asks too early gets "object
-unavailable" and Flower retries after 1 s, doubling up to 10 s
-(:func:`fedsync.object_pulls.shorten_object_pulls`). On loopback that 1 s was the
-largest part of a warm task's overhead once the poll was short, so this launcher also
-retries those pulls from the poll interval on; the warm executor and the ServerApp do
-the same for theirs.
+Once the poll is short, Flower's 1 s wait before pulling an object again was the largest
+part of a warm task's overhead on loopback, so this launcher also retries those pulls
+from the poll interval on (:func:`fedsync.compat.flower139.shorten_object_pulls`); the
+warm executor and the ServerApp do the same for theirs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-import types
 from typing import Final
-
-from fedsync.object_pulls import PULL_RETRY_CAP_S, shorten_object_pulls
 
 POLL_ENV: Final = "FEDSYNC_SUPERNODE_POLL"
 
 
-def patched_time(poll: float) -> types.ModuleType:
-    """A stand-in for ``time`` whose ``sleep`` is capped at ``poll`` seconds."""
-    module = types.ModuleType("time")
-    module.__dict__.update(time.__dict__)
-
-    def sleep(seconds: float) -> None:
-        time.sleep(min(seconds, poll))
-
-    module.sleep = sleep  # type: ignore[attr-defined]
-    return module
-
-
 def main() -> int:
     """Run ``flower-supernode`` with the shorter poll (arguments passed through)."""
-    import flwr
-    import flwr.supernode.start_client_internal as internal
-    from flwr.supernode.cli import flower_supernode
+    from fedsync.compat import flower139
 
-    if not flwr.__version__.startswith("1.39."):
-        sys.stderr.write(f"fast_poll supports Flower 1.39 only, found {flwr.__version__}\n")
+    problem = flower139.version_problem("fast_poll")
+    if problem:
+        sys.stderr.write(f"{problem}\n")
         return 2
     poll = float(os.environ.get(POLL_ENV, "3"))
     if not 0.01 <= poll <= 3.0:
         sys.stderr.write(f"{POLL_ENV} must be in [0.01, 3] seconds, got {poll}\n")
         return 2
-    internal.time = patched_time(poll)
-    shorten_object_pulls(min(poll, 1.0), cap=max(poll, PULL_RETRY_CAP_S))
-    sys.argv = ["flower-supernode", *sys.argv[1:]]
-    flower_supernode()
+    flower139.cap_supernode_poll(poll)
+    flower139.shorten_object_pulls(min(poll, 1.0), cap=max(poll, flower139.PULL_RETRY_CAP_S))
+    flower139.run_flower_supernode(sys.argv[1:])
     return 0
 
 

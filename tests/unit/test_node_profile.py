@@ -31,9 +31,3 @@ def test_missing_or_wrongly_typed_fields_are_left_empty() -> None:
 def test_device_order_is_by_partition_then_silent_nodes_by_id() -> None:
     profiles = {40: NodeProfile(0), 50: NodeProfile(1), 30: NodeProfile(None)}
     assert device_order([50, 10, 40, 20, 30], profiles) == [40, 50, 10, 20, 30]
-
-
-def test_the_thin_client_app_spells_the_same_node_config_key() -> None:
-    import fedsync.clients.warm
-
-    assert fedsync.clients.warm.DEVICE_CLASS == protocol.DEVICE_CLASS

@@ -132,7 +132,7 @@ def test_a_users_own_top_level_modules_do_not_break_fedsync(tmp_path: Path) -> N
         import server, clients, kernels, simulations
         assert {m.USER for m in (server, clients, kernels, simulations)} == {
             "server", "clients", "kernels", "simulations"}
-        import fedsync.server.app, fedsync.clients.warm, fedsync.simulations.cli
+        import fedsync.server.app, fedsync.clients.app, fedsync.simulations.cli
         from fedsync.kernels import dispatch
         from fedsync.serverapp import TEASQ
         from fedsync.clientapp import receive
