@@ -40,6 +40,7 @@ from fedsync.models.registry import AUTO as AUTO_MODEL
 from fedsync.models.registry import model_factory, model_names
 from fedsync.models.training import CLIENT_OPTIMIZERS
 from fedsync.plugins import PluginError, is_import_path
+from fedsync.records import ConfigValue
 from fedsync.strategies import STRATEGIES
 
 MAX_AB_RANK = 1024
@@ -65,9 +66,6 @@ __all__ = [
     "node_partition",
     "resolve_device",
 ]
-
-ConfigValue = bool | int | float | str
-
 
 _SERVER_DEVICE = re.compile(r"^(cpu|auto|cuda(:[0-9]+)?)$")
 """The values ``server-device`` takes."""
@@ -749,7 +747,7 @@ class RunConfig:
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
-        if self.strategy == self.BASELINE and self.compression.ab_rank > 0:
+        if not self.runs_on_engine and self.compression.ab_rank > 0:
             _fail(
                 "ab-rank",
                 "needs an engine strategy (teasq, fedbuff, ...); fedavg sends dense models",
@@ -806,8 +804,12 @@ class RunConfig:
         return cls.from_run_config(run_config)
 
     @property
-    def is_async(self) -> bool:
-        """Whether the strategy runs on fedsync's asynchronous engine."""
+    def runs_on_engine(self) -> bool:
+        """Whether the strategy runs on fedsync's engine: true for every strategy of
+        :data:`fedsync.strategies.STRATEGIES` (teasq, fedbuff, fedasync, fedasync-mix and
+        the synchronous diloco), which send compressed tasks and stop after
+        ``max-aggregations``; false for Flower's own FedAvg (:attr:`BASELINE`), which
+        sends dense models and stops after ``num-rounds``."""
         return self.strategy != self.BASELINE
 
     def as_run_config(self) -> dict[str, ConfigValue]:

@@ -4,7 +4,9 @@ Flower carries a ``RecordDict``; this module is the only place that builds or re
 one for fedsync's messages (:meth:`TrainTask.to_record`, :meth:`TrainTask.from_record`,
 :meth:`TrainReply.to_record`, :meth:`TrainReply.from_record`), so neither side spells a
 record name or key twice. It imports ``flwr`` (its record types); the engine and the
-strategies do not.
+strategies do not. It imports neither torch nor :mod:`fedsync.config` (whose
+:class:`~fedsync.config.RunConfig` :meth:`TrainTask.for_run` only reads), so a
+process that only speaks the protocol starts without them.
 
 The messages
 ------------
@@ -53,14 +55,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedsync.config import ConfigValue, RunConfig
 from fedsync.persist import JOB_KEY
-from fedsync.records import get_bool, get_float, get_int, get_str
+from fedsync.records import ConfigValue, get_bool, get_float, get_int, get_str
+
+if TYPE_CHECKING:
+    # Annotations only: fedsync.config imports torch and every strategy, and this
+    # module must stay light (a test imports it and checks that torch is not loaded).
+    from fedsync.config import RunConfig
 
 # --- record names -------------------------------------------------------------------
 ARRAYS: Final = "arrays"

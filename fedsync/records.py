@@ -2,13 +2,20 @@
 
 Flower types a record's values as a union of scalars and lists; a value that a peer
 sent with the wrong type should fail with a message naming the key, not deep inside
-training. These helpers take any mapping, so the core needs no ``flwr`` import.
+training. These helpers take any mapping, so the core needs no ``flwr`` import. The
+module imports nothing heavy (no torch, no ``flwr``), so :mod:`fedsync.protocol` and
+:mod:`fedsync.config` share :data:`ConfigValue` from here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+ConfigValue = bool | int | float | str
+"""One value of a run config or of a task's ConfigRecord: a TOML scalar (what
+``[tool.flwr.app.config]`` holds, and what :attr:`fedsync.protocol.TrainTask.extra`
+carries beside fedsync's own keys)."""
 
 
 class RecordValueError(ValueError):

@@ -34,9 +34,9 @@ __all__ = ["ComparisonProgress", "EventTail", "RunState", "budget_of", "interact
 
 
 def budget_of(run_config: Mapping[str, Any]) -> int:
-    """Rounds (FedAvg) or aggregations (asynchronous) a run is set to do."""
+    """Rounds (FedAvg) or aggregations (an engine strategy) a run is set to do."""
     config = RunConfig.from_run_config(run_config)
-    return config.stop.max_aggregations if config.is_async else config.fedavg.num_rounds
+    return config.stop.max_aggregations if config.runs_on_engine else config.fedavg.num_rounds
 
 
 class EventTail:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from fedsync.clock import load_fleet
-from fedsync.config import RunConfig, declared_keys
+from fedsync.config import ConfigValue, RunConfig, declared_keys
 from fedsync.strategies import STRATEGIES
 
 __all__ = [
@@ -66,9 +66,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 """Where scenarios are found by name."""
-
-RunConfigValue = bool | int | float | str
-"""The value types Flower's run config carries (TOML scalars)."""
 
 RESERVED_KEYS = frozenset({"results-dir", "run-name"})
 LENGTH_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -187,7 +184,7 @@ class StrategySpec:
     """
 
     label: str
-    run_config: Mapping[str, RunConfigValue]
+    run_config: Mapping[str, ConfigValue]
 
     @property
     def strategy(self) -> str:
@@ -225,8 +222,8 @@ class Scenario:
 
     name: str
     description: str
-    run_config: Mapping[str, RunConfigValue]
-    federation: Mapping[str, RunConfigValue]
+    run_config: Mapping[str, ConfigValue]
+    federation: Mapping[str, ConfigValue]
     target: TargetRule
     strategies: tuple[StrategySpec, ...]
     baseline: str = "fedavg"
@@ -299,7 +296,7 @@ class Scenario:
         return replace(self, strategies=kept)
 
 
-def app_run_config_defaults() -> dict[str, RunConfigValue]:
+def app_run_config_defaults() -> dict[str, ConfigValue]:
     """Every run-config key with its default (:func:`fedsync.config.declared_keys`, which
     ``tests/unit/test_config.py`` keeps equal to ``[tool.flwr.app.config]``)."""
     return {name: info.default for name, info in declared_keys().items()}
@@ -413,9 +410,9 @@ def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
 
 
 def _run_config(
-    table: Mapping[str, Any], defaults: Mapping[str, RunConfigValue], where: str
-) -> dict[str, RunConfigValue]:
-    config: dict[str, RunConfigValue] = {}
+    table: Mapping[str, Any], defaults: Mapping[str, ConfigValue], where: str
+) -> dict[str, ConfigValue]:
+    config: dict[str, ConfigValue] = {}
     for key, value in table.items():
         if key in RESERVED_KEYS:
             raise ScenarioError(
@@ -430,22 +427,20 @@ def _run_config(
     return config
 
 
-def _typed(key: str, value: Any, kind: type, where: str) -> RunConfigValue:
+def _typed(key: str, value: Any, kind: type, where: str) -> ConfigValue:
     # TOML tells 1 from 1.0, and so does Flower's run config: an int where the app's
     # default is a float is harmless, the other way round is not.
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return cast(RunConfigValue, value)
+        return cast(ConfigValue, value)
     raise ScenarioError(
         f"{where}: '{key}' must be {kind.__name__} (the type of its default in "
         f"pyproject.toml), got {value!r}"
     )
 
 
-def _resolve_paths(
-    config: dict[str, RunConfigValue], project_root: Path
-) -> dict[str, RunConfigValue]:
+def _resolve_paths(config: dict[str, ConfigValue], project_root: Path) -> dict[str, ConfigValue]:
     # The app's processes run wherever the SuperLink put them: a relative data-dir is
     # meant relative to the project, so hand them an absolute one.
     data_dir = config.get("data-dir")
@@ -454,8 +449,8 @@ def _resolve_paths(
     return config
 
 
-def _federation(table: Mapping[str, Any], where: str) -> dict[str, RunConfigValue]:
-    federation: dict[str, RunConfigValue] = {}
+def _federation(table: Mapping[str, Any], where: str) -> dict[str, ConfigValue]:
+    federation: dict[str, ConfigValue] = {}
     for key, value in table.items():
         kind = FEDERATION_KEYS.get(key)
         if kind is None:
@@ -496,7 +491,7 @@ def _target(table: Any, where: str) -> TargetRule:
         raise ScenarioError(f"{where}: {err}") from None
 
 
-def _check_with_app_readers(config: Mapping[str, RunConfigValue], where: str) -> None:
+def _check_with_app_readers(config: Mapping[str, ConfigValue], where: str) -> None:
     """Let the apps' own readers judge the settings now, not mid-comparison.
 
     ``config`` is what the apps will see: the pyproject defaults with the scenario's

@@ -14,7 +14,7 @@ format, seeds, state export and statistics.
 from fedsync.compression import quantizers, sparsifiers
 from fedsync.compression.base import Kept, Quantizer, Sparsifier, target_count
 from fedsync.compression.config import BuildContext, QuantizerConfig, SparsifierConfig, StageConfig
-from fedsync.compression.demo import DeMoConfig, DeMoFeedback
+from fedsync.compression.demo_memory import DeMoConfig, DeMoFeedback
 from fedsync.compression.error_feedback import (
     ErrorFeedback,
     ErrorFeedbackConfig,

@@ -10,7 +10,7 @@ Both exchange frames with :func:`all_gather_bytes` and decode every rank's frame
 every rank, so a bad frame fails the step on all ranks (:class:`FrameExchangeError`).
 """
 
-from fedsync.ddp.demo import DeMo
+from fedsync.ddp.demo_optimizer import DeMo
 from fedsync.ddp.exchange import (
     Exchange,
     FrameExchangeError,

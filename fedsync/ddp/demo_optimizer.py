@@ -11,9 +11,10 @@ every rank and for every parameter::
     p      = p * (1 - lr * weight_decay) - lr * sign(u)     (or lr * u without sign)
 
 The first three lines are exactly the ``dct:<k>,chunk=<n>+<quantizer>+demo:<beta>``
-pipeline (:mod:`fedsync.compression.sparsifiers.dct`, :mod:`fedsync.compression.demo`),
-and the exchange is :func:`fedsync.ddp.exchange.exchange_average`: one frame per rank
-per step with every parameter in it, so the bytes per step are real frame lengths
+pipeline (:mod:`fedsync.compression.sparsifiers.dct`, and
+:mod:`fedsync.compression.demo_memory`, the momentum as the codec's error-feedback
+memory), and the exchange is :func:`fedsync.ddp.exchange.exchange_average`: one frame
+per rank per step with every parameter in it, so the bytes per step are real frame lengths
 (:meth:`DeMo.compression_stats`). All ranks apply the same average, so replicas that
 start equal stay equal; the constructor broadcasts rank 0's parameters to make them
 start equal.
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from fedsync.codec import UpdateCodec
-from fedsync.compression.demo import DeMoConfig
+from fedsync.compression.demo_memory import DeMoConfig
 from fedsync.compression.errors import SpecError
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.sparsifiers.dct import DCTConfig

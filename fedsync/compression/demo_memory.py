@@ -14,7 +14,9 @@ mass that waits too long. The memory lives in the codec's
 :class:`~fedsync.compression.error_feedback.ErrorFeedbackState` (as its residuals,
 on the device of the tensor), so it is exported and restored like ``ef``'s.
 
-Spec: ``dct:8,chunk=64+fp32+demo:0.999`` (``demo:beta=0.999`` is the same).
+Spec: ``dct:8,chunk=64+fp32+demo:0.999`` (``demo:beta=0.999`` is the same). The DeMo
+optimizer for ``torch.distributed``, built on this memory, is
+:mod:`fedsync.ddp.demo_optimizer`.
 """
 
 from __future__ import annotations
