@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from fedsync.aggregation import validate_update
 from fedsync.aggregation.buffer import DENSE_ABOVE, Accumulator, UpdateBuffer
 from fedsync.progress import track
 from fedsync.updates import SparseTensor, TensorSpec
@@ -65,11 +66,12 @@ def aggregate(
     """CPU and wall seconds for one aggregation (``K`` adds and the take) with a warm
     buffer, the aggregate, and the kind that held the tensor at the take."""
     buffer = UpdateBuffer({"w": spec}, capacity=len(updates), accumulator=kind)
-    for update in updates:  # warm-up aggregation: allocations, first-touch pages
+    valid = [validate_update(update, {"w": spec}) for update in updates]  # not timed
+    for update in valid:  # warm-up aggregation: allocations, first-touch pages
         buffer.add(update, 0.5)
     buffer.take()
     cpu, wall = time.thread_time(), time.perf_counter()
-    for update in updates:
+    for update in valid:
         buffer.add(update, 0.5)
     result = buffer.take()
     cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall

@@ -2,23 +2,26 @@
 
 ::
 
-    plan_task(node)   -> version, uplink spec, downlink payload (downlink bookkeeping)
-    receive(plan, reply payload, metrics)
-        -> decode (the task's codec only) -> validate -> norm guard -> strategy.check
-        -> staleness gate -> strategy.weight -> strategy.contribution -> buffer (K cached)
-        -> server optimizer step -> version + 1
+    plan_task(node)   -> InFlight: version, uplink spec, downlink payload (the task's record)
+    arrived(flight)   -> staleness, once, kept on the record
+    receive(flight, reply payload, metrics)
+        -> strategy.check -> decode (the task's codec only) -> validate (once: ValidUpdate)
+        -> norm guard -> staleness gate -> strategy.weight -> strategy.contribution
+        -> buffer (K cached) -> server optimizer step -> version + 1
 
 The engine knows nothing of messages, nodes' addresses or time: the server's loop
 (``server/async_run.py``) asks it for a task plan when a device gets work and hands it
-each reply's bytes when the clock releases them. Everything is deterministic given the
-order of calls, so simulations repeat exactly. A :class:`~fedsync.strategies.Strategy`
-says how updates are gated, weighted and combined; the buffer, the optimizer, the
-codecs and the downlink encoder are the same for every strategy. A pruned run
-(``prune-at-version``) cuts the model once (:mod:`fedsync.aggregation.pruning`); from
-then on every spec of both directions is masked and each plan carries the mask frame to
-a device that does not hold it yet. An AB-Training run (``ab-rank``) plans each task
-with the factor it trains and the frozen other one, and rebuilds its reply exactly
-(:mod:`fedsync.aggregation.ab_training`).
+each reply's bytes when the clock releases them. All it keeps of a task in flight is on
+the task's :class:`InFlight` record, which travels with the task (the loop hands it to
+the clock, the clock back on the event that ends the task): nothing is looked up by task
+id. Everything is deterministic given the order of calls, so simulations repeat exactly.
+A :class:`~fedsync.strategies.Strategy` says how updates are gated, weighted and
+combined; the buffer, the optimizer, the codecs and the downlink encoder are the same
+for every strategy. A pruned run (``prune-at-version``) cuts the model once
+(:mod:`fedsync.aggregation.pruning`); from then on every spec of both directions is
+masked and each plan carries the mask frame to a device that does not hold it yet. An
+AB-Training run (``ab-rank``) plans each task with the factor it trains and the frozen
+other one, and rebuilds its reply exactly (:mod:`fedsync.aggregation.ab_training`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
@@ -34,6 +38,7 @@ import torch
 from fedsync.aggregation import (
     InvalidUpdate,
     UpdateBuffer,
+    ValidUpdate,
     build_server_optimizer,
     validate_update,
 )
@@ -51,11 +56,12 @@ from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
 from fedsync.aggregation.server_optimizer import ServerOptimizer
 from fedsync.config import RunConfig, SettingsError
+from fedsync.factored import Side
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
-from fedsync.updates import SparseUpdate, TensorSpec
+from fedsync.updates import SparseTensor, TensorSpec
 from fedsync.wire import UnexpectedCodec
 
-__all__ = ["AggregationEngine", "Rejection", "TaskPlan", "Verdict", "default_codec_factory"]
+__all__ = ["AggregationEngine", "InFlight", "Rejection", "Verdict", "default_codec_factory"]
 
 
 def default_codec_factory(
@@ -78,9 +84,17 @@ def default_codec_factory(
     return codec
 
 
-@dataclass(frozen=True)
-class TaskPlan:
-    """One task as the engine planned it.
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """One task in flight: the one record the server keeps of it, from its dispatch to
+    the clock event that ends it.
+
+    :meth:`AggregationEngine.plan_task` makes it; the server's loop stamps its dispatch
+    time and hands it to the clock, which carries it on the task's reply, error or drop
+    event; :meth:`AggregationEngine.arrived` writes its staleness once, and
+    :meth:`AggregationEngine.receive` (or :meth:`AggregationEngine.forget`) consumes it.
+    What the task carries is set once, at planning; only ``dispatched`` and
+    ``staleness`` are written later.
 
     Attributes
     ----------
@@ -106,6 +120,15 @@ class TaskPlan:
         An AB-Training run's side: the factor the task trains (``""``: not such a run).
     factors : bytes
         The frozen factors of an AB-Training task (a frame; empty otherwise).
+    frozen : dict of str to torch.Tensor or None
+        That frame as the device decodes it: what the task's reply is rebuilt with
+        (AB-Training; ``None`` otherwise).
+    dispatched : float
+        The clock time the task was sent at (the loop sets it).
+    staleness : int or None
+        Aggregations between the task's model version and its arrival, set once by
+        :meth:`AggregationEngine.arrived` (``None`` until then); the staleness weight,
+        the gate and the run's counters all read it from here.
     """
 
     task_id: str
@@ -118,6 +141,9 @@ class TaskPlan:
     mask: bytes = b""
     ab_side: str = ""
     factors: bytes = b""
+    frozen: dict[str, torch.Tensor] | None = None
+    dispatched: float = 0.0
+    staleness: int | None = None
 
     @property
     def downlink_bytes(self) -> int:
@@ -328,7 +354,6 @@ class AggregationEngine:
         self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
         self.rejections: Counter[str] = Counter()
         """Rejected replies by :attr:`Rejection.kind`."""
-        self._starts: dict[str, dict[str, torch.Tensor]] = {}
         if pruning_state:
             # A resumed pruned run: the saved cut (masks, version), not a new one.
             self.pruned = PrunedModel.restore(
@@ -359,17 +384,18 @@ class AggregationEngine:
             )
 
     # --- tasks --------------------------------------------------------------------------------
-    def plan_task(self, node_id: int, number: int) -> TaskPlan:
-        """Plan the ``number``-th task, for ``node_id``, from the current model."""
+    def plan_task(self, node_id: int, number: int) -> InFlight:
+        """Plan the ``number``-th task, for ``node_id``, from the current model: its
+        record, for as long as it is in flight."""
         version = self.version
         task_id = f"task-{number:06d}"
         downlink = self.downlink.prepare(node_id, self.trained, version)
-        side, factors = (
-            self.ab.for_task(task_id, number, version, self.trained)
+        side, factors, frozen = (
+            self.ab.for_task(number, version, self.trained)
             if self.ab is not None
-            else ("", b"")
+            else ("", b"", None)
         )
-        plan = TaskPlan(
+        flight = InFlight(
             task_id=task_id,
             number=number,
             node_id=node_id,
@@ -380,67 +406,77 @@ class AggregationEngine:
             mask=self.pruned.for_task(node_id) if self.pruned is not None else b"",
             ab_side=side,
             factors=factors,
+            frozen=frozen,
         )
-        if downlink.start is not None:
-            self._starts[plan.task_id] = downlink.start
         self.tally.tasks += 1
-        self.tally.bytes_down += plan.downlink_bytes
-        return plan
+        self.tally.bytes_down += flight.downlink_bytes
+        return flight
 
-    def forget(self, plan: TaskPlan) -> None:
+    def forget(self, flight: InFlight) -> None:
         """The task failed or was lost: the device's copy of the model is unknown now."""
-        self._starts.pop(plan.task_id, None)
-        self.downlink.reset(plan.node_id)
+        self.downlink.reset(flight.node_id)
         if self.pruned is not None:
-            self.pruned.forget(plan.node_id)
-        if self.ab is not None:
-            self.ab.release(plan.task_id)
+            self.pruned.forget(flight.node_id)
 
-    def arrived(self, plan: TaskPlan, payload_bytes: int) -> int:
-        """A reply is in (counted now, whatever becomes of it); returns its staleness."""
+    def arrived(self, flight: InFlight, payload_bytes: int) -> int:
+        """A reply is in (counted now, whatever becomes of it): its staleness, computed
+        here once and kept on the record (:attr:`InFlight.staleness`)."""
         # The device replied, so it holds what its downlink decoded to.
-        self.downlink.commit(plan.node_id)
+        self.downlink.commit(flight.node_id)
         if self.pruned is not None:
-            self.pruned.commit(plan.node_id)
+            self.pruned.commit(flight.node_id)
         self.tally.arrivals += 1
         self.tally.bytes_up += payload_bytes
-        return self.version - plan.version
+        flight.staleness = self.version - flight.version
+        return flight.staleness
 
     # --- replies ------------------------------------------------------------------------------
     def receive(
-        self, plan: TaskPlan, payload: bytes, num_examples: int, *, malformed: str = ""
+        self, flight: InFlight, payload: bytes, num_examples: int, *, malformed: str = ""
     ) -> Verdict:
         """Judge one reply (after :meth:`arrived`) and aggregate when K are cached.
 
         Parameters
         ----------
-        plan : TaskPlan
-            The task it answers.
+        flight : InFlight
+            The task it answers (its staleness set by :meth:`arrived`).
         payload : bytes
             The encoded update.
         num_examples : int
             The device's training examples, as the reply says.
         malformed : str
             Non-empty when the reply could not even be read (why).
+
+        Raises
+        ------
+        ValueError
+            If :meth:`arrived` has not been told of the reply yet.
         """
-        staleness = self.version - plan.version
-        start = self._starts.pop(plan.task_id, None)
-        arrival = Arrival(staleness=staleness, num_examples=num_examples, version=plan.version)
+        staleness = flight.staleness
+        if staleness is None:
+            raise ValueError(f"{flight.task_id}: receive() before arrived()")
+        arrival = Arrival(staleness=staleness, num_examples=num_examples, version=flight.version)
         refused = malformed or self.strategy.check(arrival)
-        update = Rejection(Rejection.MALFORMED, refused) if refused else self._decode(plan, payload)
-        if self.ab is not None:
-            self.ab.release(plan.task_id)
+        update = (
+            Rejection(Rejection.MALFORMED, refused) if refused else self._decode(flight, payload)
+        )
         if isinstance(update, Rejection):
             return self._reject(staleness, update)
-        norm = update_norm(update) if self.norm_guard is not None else 0.0
+        norm = update_norm(update.tensors) if self.norm_guard is not None else 0.0
         if self.norm_guard is not None and (why := self.norm_guard.check(norm)):
             return self._reject(staleness, Rejection(Rejection.NORM, why))
         if not self.strategy.accepts(arrival):
             self.tally.drops["stale"] += 1
             return Verdict("stale", staleness)
         weight = self.strategy.weight(arrival)
-        contribution = self.strategy.contribution(update, arrival, self.trained, start)
-        self.buffer.add(contribution, weight)
+        start = flight.downlink.start
+        contribution = self.strategy.contribution(update.tensors, arrival, self.trained, start)
+        # The update itself is valid already; a strategy's own contribution (new tensors,
+        # e.g. fedasync-mix's model mixing) is checked here, once, before the buffer.
+        self.buffer.add(
+            update if contribution is update.tensors else validate_update(contribution, self.specs),
+            weight,
+        )
         if self.norm_guard is not None:
             self.norm_guard.accept(norm)
         self.tally.aggregated += 1
@@ -459,23 +495,29 @@ class AggregationEngine:
             "aggregated", staleness, updates=aggregate.count, weight_sum=aggregate.weight_sum
         )
 
-    def _decode(self, plan: TaskPlan, payload: bytes) -> SparseUpdate | Rejection:
+    def _decode(self, flight: InFlight, payload: bytes) -> ValidUpdate[SparseTensor] | Rejection:
+        """The reply's update, decoded and validated (the one check it gets), or why not."""
         # An AB-Training reply holds factor deltas: its schema is its side's.
-        expected = self.ab.schema(plan.task_id) if self.ab is not None else self.specs
-        codec = self._codec(plan.uplink_spec)
+        side = cast(Side, flight.ab_side)
+        expected = self.ab.uplink[side] if self.ab is not None else self.specs
+        codec = self._codec(flight.uplink_spec)
         try:
             # The task's codec and no other: a frame naming another one is refused on its
             # header, before a pipeline is built or anything allocated for it.
-            update = codec.decode(payload, expected, device=self.device, own_spec_only=True)
+            decoded = codec.decode(payload, expected, device=self.device, own_spec_only=True)
         except Exception as err:  # any failure to decode is the payload's fault here
             return Rejection.decode_failed(err)
         try:
-            validate_update(update, expected)
+            update = validate_update(decoded, expected)
         except InvalidUpdate as err:
             return Rejection(Rejection.INVALID, f"invalid update: {err}")
         if self.ab is not None:
-            return self.ab.rebuild(plan.task_id, update)
-        return dict(update)
+            # The exact rank-r products of a valid reply's factor deltas with the factors
+            # the task carried: valid by construction, not checked again.
+            assert flight.frozen is not None, "an AB-Training task carries its factors"
+            rebuilt = self.ab.rebuild(side, flight.frozen, update.tensors)
+            return ValidUpdate(MappingProxyType(rebuilt))
+        return update
 
     def _reject(self, staleness: int, rejection: Rejection) -> Verdict:
         self.tally.drops["rejected"] += 1

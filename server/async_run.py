@@ -3,11 +3,17 @@
 No rounds: idle devices apply for work, at most ``C`` tasks are in flight, and each
 reply is judged on its own schedule::
 
-    wake(node) -> scheduler queue -> dispatch: engine.plan_task -> channel.send
-    channel.poll (non-blocking) -> clock.reply / clock.error
-    clock.pop() -> reply event: engine.receive (decode, gate, weight, buffer, step)
+    wake(node) -> scheduler queue -> dispatch: engine.plan_task (the task's record)
+               -> clock.start(record) -> channel.send
+    channel.poll (non-blocking) -> clock.reply(reply) / clock.error
+    clock.pop() -> reply event (record + reply): engine.arrived (staleness, once)
+                -> engine.receive (decode, validate, gate, weight, buffer, step)
                 -> aggregated? evaluate every N, checkpoint every M
                 -> wake(node): the device applies again
+
+A task in flight is one record (:class:`fedsync.engine.InFlight`) that the clock carries
+and hands back on the event that ends the task, with the reply when there is one: the
+loop parks nothing and looks nothing up by task id.
 
 The clock (:mod:`fedsync.clock`) decides when things happen: in simulation a
 :class:`~fedsync.clock.VirtualClock` releases replies in simulated-time order (real
@@ -32,7 +38,7 @@ from fedsync.aggregation import TaskScheduler
 from fedsync.clock import Clock, ClockEvent, Fleet, TaskWork, VirtualClock, WallClock, load_fleet
 from fedsync.clock.fleet import Assignment
 from fedsync.config import ConfigValue, RunConfig
-from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.engine import AggregationEngine, InFlight
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.reports import RunRecorder, RunSummary
 from fedsync.server.channel import Delivery, GridChannel
@@ -100,9 +106,6 @@ class AsyncRun:
         )
         self.tally = engine.tally
         self._clock_override = clock
-        self.tasks: dict[str, TaskPlan] = {}
-        self._replies: dict[str, TrainReply] = {}
-        self._dispatched_at: dict[str, float] = {}
         strategy = engine.strategy
         stop = self.config.stop
         self._max_tasks = stop.max_tasks or (
@@ -172,7 +175,8 @@ class AsyncRun:
             self.stop_reason,
             fleet=self.fleet.spec.name,
             clock=self.clock.describe(),
-            tasks_in_flight_at_end=len(self.tasks),
+            # One task per busy device, from dispatch to the event that ends it.
+            tasks_in_flight_at_end=self.scheduler.in_flight,
             devices=self._device_summary(),
             failure=failure,
         )
@@ -268,11 +272,10 @@ class AsyncRun:
 
     def _dispatch(self, node_id: int, number: int) -> None:
         plan = self.engine.plan_task(node_id, number)
-        self.tasks[plan.task_id] = plan
         size = plan.downlink_bytes
         now = self.clock.now()
-        self._dispatched_at[plan.task_id] = now
-        send = self.clock.start(plan.task_id, node_id, size)
+        plan.dispatched = now
+        send = self.clock.start(plan.task_id, node_id, size, task=plan)
         self.recorder.events.write(
             "dispatch",
             task=plan.task_id,
@@ -315,7 +318,6 @@ class AsyncRun:
                 self.clock.error(delivery.task_id, delivery.error)
                 continue
             reply: TrainReply = delivery.reply
-            self._replies[delivery.task_id] = reply
             training = self.config.training
             work = TaskWork.from_reply(
                 len(reply.payload),
@@ -324,7 +326,7 @@ class AsyncRun:
                 epochs=training.local_epochs,
                 batch_size=training.batch_size,
             )
-            self.clock.reply(delivery.task_id, work)
+            self.clock.reply(delivery.task_id, work, reply=reply)
         return bool(deliveries)
 
     def _refresh_nodes(self) -> None:
@@ -359,11 +361,11 @@ class AsyncRun:
             self._on_lost(event)
 
     def _on_reply(self, event: ClockEvent) -> None:
-        plan = self.tasks.pop(event.task_id)
-        reply = self._replies.pop(event.task_id)
+        plan: InFlight = event.task
+        reply: TrainReply = event.reply
         node_id = plan.node_id
         staleness = self.engine.arrived(plan, len(reply.payload))
-        duration = event.time - self._dispatched_at.pop(plan.task_id)
+        duration = event.time - plan.dispatched
         compute_s = reply.metrics.get(protocol.COMPUTE_SECONDS)
         self.scheduler.timed(node_id, duration, compute_s)
         self._event(
@@ -440,8 +442,7 @@ class AsyncRun:
         )
 
     def _on_error(self, event: ClockEvent) -> None:
-        plan = self.tasks.pop(event.task_id)
-        self._dispatched_at.pop(event.task_id, None)
+        plan: InFlight = event.task
         # Reasons read "<kind> (code N): detail" or "<kind>: detail".
         kind = event.reason.split(":", 1)[0].split(" (", 1)[0] or "error"
         self.tally.errors[kind] += 1
@@ -463,7 +464,7 @@ class AsyncRun:
         )
         self._after_failure(plan, retired, event)
 
-    def _after_failure(self, plan: TaskPlan, retired: bool, event: ClockEvent) -> None:
+    def _after_failure(self, plan: InFlight, retired: bool, event: ClockEvent) -> None:
         self.engine.forget(plan)
         node_id = plan.node_id
         if retired:
@@ -481,9 +482,7 @@ class AsyncRun:
             self.clock.wake(node_id)
 
     def _on_lost(self, event: ClockEvent) -> None:
-        plan = self.tasks.pop(event.task_id)
-        self._replies.pop(event.task_id, None)
-        self._dispatched_at.pop(event.task_id, None)
+        plan: InFlight = event.task
         self.tally.drops[event.reason] += 1
         self.engine.forget(plan)
         self.scheduler.lose(plan.node_id)

@@ -84,9 +84,9 @@ class GridChannel:
         self.task_ttl = task_ttl
         self.poll_interval = poll_interval
         self.sleep = sleep
-        self._task_of: dict[str, str] = {}
-        """Message id -> task id, for every message whose reply is still awaited."""
-        self._pushed_at: dict[str, float] = {}
+        self._awaited: dict[str, tuple[str, float]] = {}
+        """Message id -> task id and real (monotonic) push time, for every message whose
+        reply is still awaited, in push order."""
         self._pulls: ReplyPulls | SerialPulls = concurrent_pulls(
             grid, retry_from=poll_interval
         ) or SerialPulls(grid)
@@ -133,7 +133,7 @@ class GridChannel:
     @property
     def awaited(self) -> int:
         """Messages whose reply is still awaited."""
-        return len(self._task_of)
+        return len(self._awaited)
 
     def send(self, task_id: str, node_id: int, task: TrainTask, *, group: str) -> str:
         """Push one TRAIN message; ``""`` on success, else why it failed (``push-failed: ...``)."""
@@ -151,21 +151,19 @@ class GridChannel:
             message_ids, failure = [], f"push-failed: {type(err).__name__}: {err}"
         if not message_ids or not message_ids[0]:
             return failure
-        self._task_of[message_ids[0]] = task_id
-        self._pushed_at[message_ids[0]] = time.monotonic()
+        self._awaited[message_ids[0]] = (task_id, time.monotonic())
         return ""
 
     def poll(self) -> list[Delivery]:
         """Pull the replies that are in (never blocks); one delivery per answered task."""
-        if not self._task_of:
+        if not self._awaited:
             return []
         deliveries = []
-        for reply in self._pulls.pull(list(self._task_of)):
-            task_id = self._task_of.pop(reply.message_id, None)
-            self._pushed_at.pop(reply.message_id, None)
-            if task_id is None:
+        for reply in self._pulls.pull(list(self._awaited)):
+            awaited = self._awaited.pop(reply.message_id, None)
+            if awaited is None:
                 continue  # a reply we stopped waiting for (TTL guard) or a duplicate
-            deliveries.append(_delivery(task_id, reply))
+            deliveries.append(_delivery(awaited[0], reply))
         return deliveries
 
     def overdue(self) -> list[Delivery]:
@@ -176,12 +174,11 @@ class GridChannel:
         the pull is stopped, and a reply that completes anyway is ignored.
         """
         now = time.monotonic()
-        late = [m for m, at in self._pushed_at.items() if now - at > self.task_ttl + TTL_GRACE_S]
+        late = [m for m, (_, at) in self._awaited.items() if now - at > self.task_ttl + TTL_GRACE_S]
         self._pulls.forget(late)
         deliveries = []
         for message_id in late:
-            del self._pushed_at[message_id]
-            task_id = self._task_of.pop(message_id)
+            task_id, _ = self._awaited.pop(message_id)
             deliveries.append(
                 Delivery(task_id, error="ttl-expired: no reply from Flower past the TTL")
             )

@@ -35,7 +35,7 @@ from fedsync.aggregation.update_transform import (
     UpdateTransform,
     resolve_update_transform,
 )
-from fedsync.aggregation.validation import InvalidUpdate, validate_update
+from fedsync.aggregation.validation import InvalidUpdate, ValidUpdate, validate_update
 
 __all__ = [
     "DEFAULT_UPLINK_TEMPLATE",
@@ -61,6 +61,7 @@ __all__ = [
     "TaskScheduler",
     "UpdateBuffer",
     "UpdateTransform",
+    "ValidUpdate",
     "build_server_optimizer",
     "parse_staleness",
     "resolve_update_transform",

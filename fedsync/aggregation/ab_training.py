@@ -4,10 +4,11 @@ Every ``ab-refactor-every`` versions the engine splits the global model's factor
 tensors by SVD (:func:`fedsync.factored.split`). A task planned from a version of that
 epoch trains side ``A`` or ``B`` by the ``ab-schedule`` and carries the other factor as
 a frame (the run's ``downlink-codec``, e.g. ``none+fp16``). The server keeps that
-factor *as the device decodes it* for as long as the task is out, so when the reply's
-factor delta arrives it rebuilds ``dA B`` or ``A dB`` from exactly the factors the
-device trained with: the only error in the update is what the uplink quantizer put in
-the delta. Factors of an epoch live until its last task is answered or lost.
+factor *as the device decodes it* on the task's record for as long as the task is out
+(:class:`fedsync.engine.InFlight`), so when the reply's factor delta arrives it
+rebuilds ``dA B`` or ``A dB`` from exactly the factors the device trained with: the
+only error in the update is what the uplink quantizer put in the delta. Factors of an
+epoch live until its last task is answered or lost.
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ class ABTraining:
         self._frozen_specs = {side: frozen_specs(self.shapes, side) for side in SIDES}
         self._codecs = {side: codec_factory(self._frozen_specs[side]) for side in SIDES}
         self._epoch: _Epoch | None = None
-        self._tasks: dict[str, tuple[Side, _Epoch]] = {}
         self.splits = 0
         """SVD splits made so far."""
         self.tasks = {side: 0 for side in SIDES}
@@ -109,14 +109,15 @@ class ABTraining:
 
     # --- planning -----------------------------------------------------------------------------
     def for_task(
-        self, task_id: str, number: int, version: int, model: Mapping[str, torch.Tensor]
-    ) -> tuple[Side, bytes]:
-        """The side the task trains and the frozen-factor frame it carries.
+        self, number: int, version: int, model: Mapping[str, torch.Tensor]
+    ) -> tuple[Side, bytes, dict[str, torch.Tensor]]:
+        """The side the task trains, the frozen-factor frame it carries, and that frame
+        decoded (what :meth:`rebuild` needs when the reply is in; the task keeps it).
 
         Parameters
         ----------
-        task_id, number : str, int
-            The task (its number picks the side under ``alternate``).
+        number : int
+            The task's number (it picks the side under ``alternate``).
         version : int
             The model version it starts from; a new epoch splits ``model`` first.
         model : mapping of str to torch.Tensor
@@ -127,11 +128,10 @@ class ABTraining:
             side: Side = "A" if number % 2 == 1 else "B"
         else:
             side = "A" if version % 2 == 0 else "B"
-        self._tasks[task_id] = (side, epoch)
         self.tasks[side] += 1
         payload = epoch.payload[side]
         self.factor_bytes += len(payload)
-        return side, payload
+        return side, payload, epoch.frozen[side]
 
     def _epoch_for(self, version: int, model: Mapping[str, torch.Tensor]) -> _Epoch:
         number = version // self.refactor_every
@@ -154,27 +154,17 @@ class ABTraining:
         return epoch
 
     # --- replies ------------------------------------------------------------------------------
-    def schema(self, task_id: str) -> dict[str, TensorSpec]:
-        """What a planned (and not yet released) task's reply holds: its side's
-        :attr:`uplink` specs.
-
-        Raises
-        ------
-        KeyError
-            For a task this object did not plan or already released.
-        """
-        return self.uplink[self._tasks[task_id][0]]
-
-    def rebuild(self, task_id: str, update: Mapping[str, SparseTensor]) -> dict[str, SparseTensor]:
+    def rebuild(
+        self, side: Side, frozen: Mapping[str, torch.Tensor], update: Mapping[str, SparseTensor]
+    ) -> dict[str, SparseTensor]:
         """The model update a reply stands for.
 
-        ``update`` is the decoded, validated reply (schema :attr:`uplink` of the task's
-        side): each factored tensor's factor delta becomes the exact rank-``r`` product
-        with the frozen factor (:func:`fedsync.factored.rebuild`); the other tensors pass
-        through. The task stays planned until :meth:`release`.
+        ``update`` is the decoded, validated reply of a task of ``side`` (schema
+        ``uplink[side]``), ``frozen`` the factors that task carried, decoded
+        (:meth:`for_task`): each factored tensor's factor delta becomes the exact
+        rank-``r`` product with the frozen factor (:func:`fedsync.factored.rebuild`); the
+        other tensors pass through.
         """
-        side, epoch = self._tasks[task_id]
-        frozen = epoch.frozen[side]
         rebuilt: dict[str, SparseTensor] = {}
         for name, tensor in update.items():
             shape = self.shapes.get(name)
@@ -184,10 +174,6 @@ class ABTraining:
             delta = tensor.to_dense()
             rebuilt[name] = rebuild(delta, frozen[name].to(delta.device), shape, side)
         return rebuilt
-
-    def release(self, task_id: str) -> None:
-        """Forget a task (answered, failed or lost): its epoch's factors may go."""
-        self._tasks.pop(task_id, None)
 
     def describe(self) -> dict[str, object]:
         """For ``summary.json``: the factored form and what it cost."""

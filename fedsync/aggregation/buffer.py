@@ -42,7 +42,7 @@ from typing import Literal
 
 import torch
 
-from fedsync.aggregation.validation import InvalidUpdate, validate_dense, validate_update
+from fedsync.aggregation.validation import ValidUpdate
 from fedsync.kernels.triton import scatter_add_
 from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, accumulate_lowrank
 
@@ -182,16 +182,18 @@ class UpdateBuffer:
         """Sum of the weights cached so far."""
         return self._weight_sum
 
-    def add(self, update: Mapping[str, SparseTensor | torch.Tensor], weight: float) -> int:
+    def add(self, update: ValidUpdate[SparseTensor | torch.Tensor], weight: float) -> int:
         """Add ``weight * update`` into the accumulators.
 
-        The update is validated in full first, so a bad one leaves the cache untouched.
+        The update was checked once, when it became a :class:`ValidUpdate`
+        (:func:`~fedsync.aggregation.validation.validate_update`); it is not checked
+        again here.
 
         Parameters
         ----------
-        update : mapping of str to SparseTensor or torch.Tensor
-            A decoded update with every model tensor: sparse tensors are scatter-added,
-            dense tensors (of the model tensor's shape) added whole.
+        update : ValidUpdate
+            An update with every model tensor: sparse tensors are scatter-added, dense
+            tensors (of the model tensor's shape) added whole.
         weight : float
             Its aggregation weight (the strategy's), finite and ``>= 0``.
 
@@ -206,27 +208,28 @@ class UpdateBuffer:
             If ``K`` updates are already cached (call :meth:`take` first).
         ValueError
             If the weight is negative or not finite.
-        fedsync.aggregation.validation.InvalidUpdate
-            If the update does not fit the model or carries NaN/Inf.
+        TypeError
+            If ``update`` is not a :class:`ValidUpdate` (a plain mapping was never checked).
         """
+        if not isinstance(update, ValidUpdate):
+            raise TypeError(
+                f"the buffer adds a ValidUpdate (fedsync.aggregation.validate_update), "
+                f"not {type(update).__name__}"
+            )
         if self._count >= self.capacity:
             raise BufferFull(
                 f"buffer already holds K={self.capacity} updates; take() before adding more"
             )
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"update weight must be finite and >= 0, got {weight}")
-        lowrank = {n: t for n, t in update.items() if isinstance(t, LowRankTensor)}
+        tensors = update.tensors
+        lowrank = {n: t for n, t in tensors.items() if isinstance(t, LowRankTensor)}
         sparse = {
             n: t
-            for n, t in update.items()
+            for n, t in tensors.items()
             if isinstance(t, SparseTensor) and not isinstance(t, LowRankTensor)
         }
-        dense = {n: t for n, t in update.items() if not isinstance(t, SparseTensor)}
-        validate_update({**sparse, **lowrank}, self.specs, require_all=False)
-        validate_dense(dense, self.specs)
-        missing = sorted(set(self.specs) - set(update))
-        if missing:
-            raise InvalidUpdate(f"update lacks model tensors: {missing[:5]}")
+        dense = {n: t for n, t in tensors.items() if not isinstance(t, SparseTensor)}
         for name, tensor in sparse.items():
             if tensor.nnz == 0:
                 continue

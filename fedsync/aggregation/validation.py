@@ -1,61 +1,95 @@
-"""Checks a decoded update must pass before it may touch the global model.
+"""The one check an update passes before it may touch the global model.
 
-The wire decoder already refuses malformed frames; this is the server's own second
-line: a frame can be well formed and still be wrong for *this* model (another model's
-tensor table, a shape that changed, NaN/Inf values a diverged client produced). Any
-fault raises :class:`InvalidUpdate` naming the tensor and what was wrong, before a
-single accumulator is touched.
+The wire decoder already refuses malformed frames; this is the server's own line: a
+frame can be well formed and still be wrong for *this* model (another model's tensor
+table, a shape that changed, NaN/Inf values a diverged client produced). Any fault
+raises :class:`InvalidUpdate` naming the tensor and what was wrong. What passes comes
+back as a :class:`ValidUpdate`, which the buffer adds without looking at it again: an
+update is checked once, however many hands it passes through afterwards.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Generic, TypeVar
 
 import torch
 
 from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec
 
-__all__ = ["InvalidUpdate", "validate_dense", "validate_update"]
+__all__ = ["InvalidUpdate", "ValidUpdate", "validate_update"]
+
+UpdateTensor = TypeVar("UpdateTensor", bound="SparseTensor | torch.Tensor", covariant=True)
+"""What a tensor of an update is: a :class:`~fedsync.updates.SparseTensor` (or
+:class:`~fedsync.updates.LowRankTensor`) as decoded, or a dense ``torch.Tensor`` (a
+strategy's own contribution, e.g. FedAsync's model mixing)."""
 
 
 class InvalidUpdate(ValueError):
     """A decoded update that does not fit the model or carries non-finite values."""
 
 
+@dataclass(frozen=True, slots=True)
+class ValidUpdate(Generic[UpdateTensor]):
+    """An update that fits the model exactly: every model tensor, no other, each of its
+    shape, with finite float32 values at sorted unique positions (or finite float32
+    factors, or a finite floating-point dense tensor).
+
+    Made by :func:`validate_update`; the buffer
+    (:meth:`~fedsync.aggregation.UpdateBuffer.add`) takes only this type and trusts it.
+    Building one directly vouches for the tensors without a check: the engine does so
+    only for what it derives exactly from a valid update (AB-Training's rebuild).
+
+    Attributes
+    ----------
+    tensors : mapping of str to SparseTensor or torch.Tensor
+        The update by model tensor name (read-only).
+    """
+
+    tensors: Mapping[str, UpdateTensor]
+
+
 def validate_update(
-    update: Mapping[str, SparseTensor],
-    specs: Mapping[str, TensorSpec],
-    *,
-    require_all: bool = True,
-) -> None:
-    """Raise :class:`InvalidUpdate` unless ``update`` fits ``specs`` exactly.
+    update: Mapping[str, UpdateTensor], specs: Mapping[str, TensorSpec]
+) -> ValidUpdate[UpdateTensor]:
+    """``update`` as a :class:`ValidUpdate`, or :class:`InvalidUpdate` unless it fits
+    ``specs`` exactly.
 
     Parameters
     ----------
-    update : mapping of str to SparseTensor
-        The decoded update.
+    update : mapping of str to SparseTensor or torch.Tensor
+        The decoded update (or a strategy's contribution): sparse and low-rank tensors,
+        or dense ones of the model tensor's shape.
     specs : mapping of str to TensorSpec
-        The global model's tensors.
-    require_all : bool
-        Whether every tensor of the model must be present (the codec always sends
+        The global model's tensors: every one must be present (the codec always sends
         every tensor, if only with zero entries; a missing one means a different model).
+
+    Returns
+    -------
+    ValidUpdate
+        A read-only view of a copy of ``update`` (the tensors themselves are not copied).
 
     Raises
     ------
     InvalidUpdate
         Unknown or missing tensor, shape mismatch, index/value arrays of the wrong
         dtype, rank or length, positions out of range or not strictly increasing,
-        non-finite values.
+        non-finite values, a dense tensor that is not floating point.
     """
     unknown = sorted(set(update) - set(specs))
     if unknown:
         raise InvalidUpdate(f"update has tensors the model does not: {unknown[:5]}")
-    if require_all:
-        missing = sorted(set(specs) - set(update))
-        if missing:
-            raise InvalidUpdate(f"update lacks model tensors: {missing[:5]}")
+    missing = sorted(set(specs) - set(update))
+    if missing:
+        raise InvalidUpdate(f"update lacks model tensors: {missing[:5]}")
     for name, tensor in update.items():
-        _validate_tensor(name, tensor, specs[name])
+        if isinstance(tensor, SparseTensor):
+            _validate_tensor(name, tensor, specs[name])
+        else:
+            _validate_dense(name, tensor, specs[name])
+    return ValidUpdate(MappingProxyType(dict(update)))
 
 
 def _validate_tensor(name: str, tensor: SparseTensor, spec: TensorSpec) -> None:
@@ -97,19 +131,12 @@ def _validate_tensor(name: str, tensor: SparseTensor, spec: TensorSpec) -> None:
         raise InvalidUpdate(f"tensor {name!r}: values contain NaN or Inf")
 
 
-def validate_dense(update: Mapping[str, torch.Tensor], specs: Mapping[str, TensorSpec]) -> None:
-    """Raise :class:`InvalidUpdate` unless every dense tensor is a known model tensor of
-    its shape, floating point and finite (missing tensors are allowed here)."""
-    unknown = sorted(set(update) - set(specs))
-    if unknown:
-        raise InvalidUpdate(f"update has tensors the model does not: {unknown[:5]}")
-    for name, tensor in update.items():
-        if tuple(tensor.shape) != tuple(specs[name].shape):
-            raise InvalidUpdate(
-                f"tensor {name!r}: shape {tuple(tensor.shape)} != model shape "
-                f"{tuple(specs[name].shape)}"
-            )
-        if not tensor.is_floating_point():
-            raise InvalidUpdate(f"tensor {name!r}: dense values must be floating point")
-        if not bool(torch.isfinite(tensor).all()):
-            raise InvalidUpdate(f"tensor {name!r}: values contain NaN or Inf")
+def _validate_dense(name: str, tensor: torch.Tensor, spec: TensorSpec) -> None:
+    if tuple(tensor.shape) != tuple(spec.shape):
+        raise InvalidUpdate(
+            f"tensor {name!r}: shape {tuple(tensor.shape)} != model shape {tuple(spec.shape)}"
+        )
+    if not tensor.is_floating_point():
+        raise InvalidUpdate(f"tensor {name!r}: dense values must be floating point")
+    if not bool(torch.isfinite(tensor).all()):
+        raise InvalidUpdate(f"tensor {name!r}: values contain NaN or Inf")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsync.aggregation import UpdateBuffer
+from fedsync.aggregation import UpdateBuffer, validate_update
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.models.training import evaluate, train
@@ -178,7 +178,7 @@ def collect_updates(
             payload = sender.encode(delta)
             decoded = server.decode(payload)
             _, layouts = inspect_frame(payload, expected=specs)
-            buffer.add(decoded, 1.0)
+            buffer.add(validate_update(decoded, specs), 1.0)
             collection.updates.append(
                 UpdateRecord(
                     client=c,

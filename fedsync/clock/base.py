@@ -10,7 +10,10 @@ event happens and *in which order* the loop sees them:
   times computed from device profiles and real payload sizes, and are released in
   simulated-time order, however the real replies raced each other.
 
-So the aggregation logic never knows which clock it runs on.
+So the aggregation logic never knows which clock it runs on. What the loop keeps of a
+task (its record, :class:`fedsync.engine.InFlight`) and what came back for it ride on
+the task's events (:attr:`ClockEvent.task`, :attr:`ClockEvent.reply`): the clock holds
+them from :meth:`Clock.start` and :meth:`Clock.reply` to the event, never reading them.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ class ClockEvent:
     timing : dict
         For ``reply``: the simulated breakdown (dispatch, downlink_s, compute_s,
         uplink_s, latency_s, waited_s).
+    task : Any
+        What the loop handed :meth:`Clock.start` with the task (its in-flight record);
+        ``None`` for ``wake``, or when the loop gave nothing.
+    reply : Any
+        For ``reply``: what the loop handed :meth:`Clock.reply` (the device's reply).
     """
 
     kind: EventKind
@@ -89,6 +97,8 @@ class ClockEvent:
     seq: int = 0
     reason: str = ""
     timing: dict[str, float] = field(default_factory=dict)
+    task: Any = None
+    reply: Any = None
 
 
 class Clock(ABC):
@@ -105,8 +115,9 @@ class Clock(ABC):
         """Device ``node_id`` is idle; emit a ``wake`` event when it can take work."""
 
     @abstractmethod
-    def start(self, task_id: str, node_id: int, downlink_bytes: int) -> bool:
-        """A task is dispatched now with a downlink payload of ``downlink_bytes``.
+    def start(self, task_id: str, node_id: int, downlink_bytes: int, *, task: Any = None) -> bool:
+        """A task is dispatched now with a downlink payload of ``downlink_bytes``;
+        ``task`` (the loop's record of it) rides on the event that ends it.
 
         Returns
         -------
@@ -116,8 +127,9 @@ class Clock(ABC):
         """
 
     @abstractmethod
-    def reply(self, task_id: str, work: TaskWork) -> None:
-        """The real reply to ``task_id`` is in; schedule its ``reply`` (or ``drop``)."""
+    def reply(self, task_id: str, work: TaskWork, *, reply: Any = None) -> None:
+        """The real reply to ``task_id`` is in; schedule its ``reply`` event, carrying
+        ``reply`` (or a ``drop``, which carries none)."""
 
     @abstractmethod
     def error(self, task_id: str, reason: str) -> None:

@@ -28,6 +28,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,8 @@ class _Outstanding:
     dispatch: float
     downlink_s: float
     lower_bound: float
+    task: Any = None
+    """The loop's record of the task, handed back on its event."""
 
 
 class VirtualClock(Clock):
@@ -97,7 +100,7 @@ class VirtualClock(Clock):
         ready = profile.next_online(self._now, self._phase(node_id, profile))
         self._push("wake", ready, node_id, "", next(self._seq))
 
-    def start(self, task_id: str, node_id: int, downlink_bytes: int) -> bool:
+    def start(self, task_id: str, node_id: int, downlink_bytes: int, *, task: Any = None) -> bool:
         if task_id in self._outstanding:
             raise ValueError(f"task {task_id!r} already started")
         profile = self._profile_for(node_id)
@@ -110,12 +113,15 @@ class VirtualClock(Clock):
         # depend only on the seed and that device's task sequence.
         dropped = profile.dropout > 0.0 and self._rng(node_id).random() < profile.dropout
         if lost or dropped:
-            self._push("drop", lower_bound, node_id, task_id, seq, "offline" if lost else "dropout")
+            reason = "offline" if lost else "dropout"
+            self._push("drop", lower_bound, node_id, task_id, seq, reason, task=task)
             return False
-        self._outstanding[task_id] = _Outstanding(node_id, seq, self._now, downlink_s, lower_bound)
+        self._outstanding[task_id] = _Outstanding(
+            node_id, seq, self._now, downlink_s, lower_bound, task
+        )
         return True
 
-    def reply(self, task_id: str, work: TaskWork) -> None:
+    def reply(self, task_id: str, work: TaskWork, *, reply: Any = None) -> None:
         task = self._take(task_id)
         profile = self._profile_for(task.node_id)
         compute_s = profile.compute_seconds(work.samples, work.steps)
@@ -129,7 +135,7 @@ class VirtualClock(Clock):
         # difference only exists when a device's workload shrinks).
         end = max(end, task.lower_bound)
         if lost:
-            self._push("drop", end, task.node_id, task_id, task.seq, "offline")
+            self._push("drop", end, task.node_id, task_id, task.seq, "offline", task=task.task)
             return
         timing = {
             "dispatch": task.dispatch,
@@ -139,12 +145,15 @@ class VirtualClock(Clock):
             "latency_s": profile.latency,
             "waited_s": max(0.0, end - task.dispatch - busy),
         }
-        self._push("reply", end, task.node_id, task_id, task.seq, timing=timing)
+        node_id, seq = task.node_id, task.seq
+        self._push("reply", end, node_id, task_id, seq, timing=timing, task=task.task, reply=reply)
 
     def error(self, task_id: str, reason: str) -> None:
         task = self._take(task_id)
         # Simulated time of a failure: the earliest the server could have learnt of it.
-        self._push("error", task.lower_bound, task.node_id, task_id, task.seq, reason)
+        self._push(
+            "error", task.lower_bound, task.node_id, task_id, task.seq, reason, task=task.task
+        )
 
     def pop(self) -> ClockEvent | None:
         if not self._heap:
@@ -182,8 +191,11 @@ class VirtualClock(Clock):
         seq: int,
         reason: str = "",
         timing: dict[str, float] | None = None,
+        *,
+        task: Any = None,
+        reply: Any = None,
     ) -> None:
-        event = ClockEvent(kind, time, node_id, task_id, seq, reason, timing or {})
+        event = ClockEvent(kind, time, node_id, task_id, seq, reason, timing or {}, task, reply)
         heapq.heappush(self._heap, (time, seq, event))
 
     def _take(self, task_id: str) -> _Outstanding:

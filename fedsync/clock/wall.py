@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from fedsync.clock.base import Clock, ClockEvent, EventKind, TaskWork
 
@@ -31,7 +32,8 @@ class WallClock(Clock):
         self._t0 = time_fn()
         self._seq = 0
         self._events: deque[ClockEvent] = deque()
-        self._outstanding: dict[str, tuple[int, float, int]] = {}
+        self._outstanding: dict[str, tuple[int, float, Any]] = {}
+        """Task id -> its device, dispatch time and the loop's record of it."""
 
     def now(self) -> float:
         return self._time_fn() - self._t0
@@ -39,23 +41,22 @@ class WallClock(Clock):
     def wake(self, node_id: int) -> None:
         self._push("wake", node_id, "")
 
-    def start(self, task_id: str, node_id: int, downlink_bytes: int) -> bool:
+    def start(self, task_id: str, node_id: int, downlink_bytes: int, *, task: Any = None) -> bool:
         if task_id in self._outstanding:
             raise ValueError(f"task {task_id!r} already started")
         self._seq += 1
-        self._outstanding[task_id] = (node_id, self.now(), self._seq)
+        self._outstanding[task_id] = (node_id, self.now(), task)
         return True
 
-    def reply(self, task_id: str, work: TaskWork) -> None:
-        node_id, dispatch, _ = self._take(task_id)
+    def reply(self, task_id: str, work: TaskWork, *, reply: Any = None) -> None:
+        node_id, dispatch, task = self._take(task_id)
         now = self.now()
-        self._push(
-            "reply", node_id, task_id, timing={"dispatch": dispatch, "round_trip_s": now - dispatch}
-        )
+        timing = {"dispatch": dispatch, "round_trip_s": now - dispatch}
+        self._push("reply", node_id, task_id, timing=timing, task=task, reply=reply)
 
     def error(self, task_id: str, reason: str) -> None:
-        node_id, _, _ = self._take(task_id)
-        self._push("error", node_id, task_id, reason)
+        node_id, _, task = self._take(task_id)
+        self._push("error", node_id, task_id, reason, task=task)
 
     def pop(self) -> ClockEvent | None:
         return self._events.popleft() if self._events else None
@@ -75,13 +76,18 @@ class WallClock(Clock):
         task_id: str,
         reason: str = "",
         timing: dict[str, float] | None = None,
+        *,
+        task: Any = None,
+        reply: Any = None,
     ) -> None:
         self._seq += 1
         self._events.append(
-            ClockEvent(kind, self.now(), node_id, task_id, self._seq, reason, timing or {})
+            ClockEvent(
+                kind, self.now(), node_id, task_id, self._seq, reason, timing or {}, task, reply
+            )
         )
 
-    def _take(self, task_id: str) -> tuple[int, float, int]:
+    def _take(self, task_id: str) -> tuple[int, float, Any]:
         try:
             return self._outstanding.pop(task_id)
         except KeyError:

@@ -20,7 +20,7 @@ import torch
 
 from fedsync.aggregation.buffer import Normalization
 from fedsync.aggregation.staleness import StalenessFunction, parse_staleness
-from fedsync.updates import SparseUpdate
+from fedsync.updates import SparseTensor
 
 if TYPE_CHECKING:
     from fedsync.config import AsyncSection
@@ -111,7 +111,7 @@ class Strategy:
 
     def contribution(
         self,
-        update: SparseUpdate,
+        update: Mapping[str, SparseTensor],
         arrival: Arrival,
         model: Mapping[str, torch.Tensor],
         start: Mapping[str, torch.Tensor] | None,
@@ -120,8 +120,10 @@ class Strategy:
 
         Parameters
         ----------
-        update : SparseUpdate
-            The decoded update (local model minus start model).
+        update : mapping of str to SparseTensor
+            The decoded, validated update (local model minus start model), read-only:
+            returned as it is, it goes into the buffer without another check; anything
+            else returned is checked once before it does.
         arrival : Arrival
             Its staleness and size.
         model : mapping of str to torch.Tensor

@@ -20,7 +20,7 @@ import torch
 
 from fedsync.strategies.base import Arrival, Contribution
 from fedsync.strategies.fedasync import FedAsync
-from fedsync.updates import SparseUpdate
+from fedsync.updates import SparseTensor
 
 __all__ = ["FedAsyncMix"]
 
@@ -33,7 +33,7 @@ class FedAsyncMix(FedAsync):
 
     def contribution(
         self,
-        update: SparseUpdate,
+        update: Mapping[str, SparseTensor],
         arrival: Arrival,
         model: Mapping[str, torch.Tensor],
         start: Mapping[str, torch.Tensor] | None,

@@ -21,7 +21,7 @@ from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
-from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.engine import AggregationEngine, InFlight
 from fedsync.factored import factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainReply, TrainTask
@@ -56,7 +56,7 @@ def engine(**overrides: Any) -> AggregationEngine:
     return AggregationEngine(run, model_state(model_for(run.training)))
 
 
-def message(plan: TaskPlan, run: RunConfig, *, factors: bytes | None = None) -> Message:
+def message(plan: InFlight, run: RunConfig, *, factors: bytes | None = None) -> Message:
     task = TrainTask.for_run(
         run,
         payload=plan.downlink.payload,
@@ -83,7 +83,7 @@ def context(node: dict[str, Any] | None = None, **overrides: Any) -> Context:
     )
 
 
-def reply(plan: TaskPlan, run: RunConfig, **overrides: Any) -> TrainReply:
+def reply(plan: InFlight, run: RunConfig, **overrides: Any) -> TrainReply:
     ctx = context(**overrides)
     out = train_task(message(plan, run), ctx, ClientRuntime.from_context(ctx))
     return TrainReply.from_record(out.content)
@@ -129,6 +129,8 @@ def test_the_server_rebuilds_exactly_the_change_the_device_trained() -> None:
     before = {name: t.clone() for name, t in server.trained.items()}
     plan = server.plan_task(node_id=1, number=1)
     assert plan.ab_side == "A" and plan.factors
+    # the frozen factors the reply is rebuilt with ride on the task's record
+    assert plan.frozen is not None and set(plan.frozen) == set(server.ab.shapes)  # type: ignore[union-attr]
     # what the device trains with: its decoded downlink and the frozen factors
     specs = tensor_specs(before)
     start = {n: t.to_dense() for n, t in UpdateCodec().decode(plan.downlink.payload, specs).items()}

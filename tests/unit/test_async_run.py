@@ -321,6 +321,12 @@ def of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == kind]
 
 
+def unfinished(events: list[dict[str, Any]]) -> int:
+    """Tasks dispatched whose end (an arrival, an error or a drop) the log never shows."""
+    ended = {e["task"] for e in events if e["event"] in ("arrival", "error", "drop")}
+    return len({e["task"] for e in of(events, "dispatch")} - ended)
+
+
 def without_wall(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if not k.startswith("wall")} for e in events]
 
@@ -339,6 +345,7 @@ def test_fedbuff_run_converges_and_reports(tmp_path: Path) -> None:
     assert summary["total_bytes_down"] == sum(e["bytes_down"] for e in of(events, "dispatch"))
     assert summary["total_bytes_down"] > 0 and summary["total_bytes_up"] > 0
     assert sum(summary["staleness_histogram"].values()) == summary["aggregated_updates"] == 24
+    assert summary["tasks_in_flight_at_end"] == unfinished(events) > 0
     for png in ("accuracy.png", "accuracy_vs_time.png", "accuracy_vs_bytes.png"):
         assert (tmp_path / "fedbuff" / png).stat().st_size > 0
     evaluation = of(events, "evaluation")[-1]
@@ -618,6 +625,7 @@ def test_offline_and_dropout_losses_are_counted_not_retired(tmp_path: Path) -> N
     )
     assert result.summary["devices_given_up"] == []
     assert result.version == 12
+    assert result.summary["tasks_in_flight_at_end"] == unfinished(events)
 
 
 def test_failed_push_and_silent_nodes_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -696,6 +704,8 @@ def test_max_sim_time_stops_the_run(tmp_path: Path) -> None:
     result, events, _, _ = run(tmp_path, "short", max_sim_time=2.0, max_aggregations=1000)
     assert result.summary["stop_reason"] == "max-sim-time"
     assert all(e["sim_time"] <= 2.0 for e in events if "sim_time" in e)
+    # The event popped past the limit is never handled: its task is still in flight.
+    assert result.summary["tasks_in_flight_at_end"] == unfinished(events) > 0
 
 
 def test_bad_codec_spec_fails_at_start(tmp_path: Path) -> None:

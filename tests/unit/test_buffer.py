@@ -1,6 +1,9 @@
-"""The K-update buffer: exactly K, weighted scatter-add, validation before any change."""
+"""The K-update buffer: exactly K, weighted scatter-add, only updates validated once."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from fedsync.aggregation import (
     BufferNotReady,
     InvalidUpdate,
     UpdateBuffer,
+    ValidUpdate,
     validate_update,
 )
 from fedsync.aggregation.buffer import Normalization
@@ -37,6 +41,11 @@ def random_update(gen: torch.Generator) -> dict[str, SparseTensor]:
     return update
 
 
+def valid(update: Mapping, specs: Mapping[str, TensorSpec] = SPECS) -> ValidUpdate:
+    """``update`` through the one check that lets it into a buffer."""
+    return validate_update(update, specs)
+
+
 def dense_of(update: dict[str, SparseTensor]) -> dict[str, torch.Tensor]:
     return {name: t.to_dense() for name, t in update.items()}
 
@@ -47,8 +56,8 @@ def test_weighted_mean_by_count_and_by_weight() -> None:
     cases: tuple[tuple[Normalization, float], ...] = (("count", 2.0), ("weight", 1.5))
     for normalization, divisor in cases:
         buffer = UpdateBuffer(SPECS, capacity=2, normalization=normalization)
-        buffer.add(u1, 0.5)
-        buffer.add(u2, 1.0)
+        buffer.add(valid(u1), 0.5)
+        buffer.add(valid(u2), 1.0)
         result = buffer.take()
         expected_w = torch.zeros(12)
         expected_w[0], expected_w[5], expected_w[11] = 0.5, 0.5 * 2 + 4.0, -1.0
@@ -61,10 +70,10 @@ def test_refuses_the_k_plus_first_update() -> None:
     gen = torch.Generator().manual_seed(0)
     buffer = UpdateBuffer(SPECS, capacity=3)
     for expected in (1, 2, 3):
-        assert buffer.add(random_update(gen), 1.0) == expected
+        assert buffer.add(valid(random_update(gen)), 1.0) == expected
     assert buffer.is_full
     with pytest.raises(BufferFull):
-        buffer.add(random_update(gen), 1.0)
+        buffer.add(valid(random_update(gen)), 1.0)
     assert len(buffer) == 3  # the refused update left no trace
     buffer.take()
     assert len(buffer) == 0 and not buffer.is_full
@@ -74,7 +83,7 @@ def test_take_before_k_raises() -> None:
     buffer = UpdateBuffer(SPECS, capacity=2)
     with pytest.raises(BufferNotReady):
         buffer.take()
-    buffer.add(random_update(torch.Generator().manual_seed(1)), 1.0)
+    buffer.add(valid(random_update(torch.Generator().manual_seed(1))), 1.0)
     with pytest.raises(BufferNotReady, match="1 of K=2"):
         buffer.take()
 
@@ -100,7 +109,7 @@ def test_exactly_k_per_aggregation_in_any_arrival_order(
     window: list[int] = []
     aggregations = 0
     for index in order:
-        buffer.add(updates[index], weights[index])
+        buffer.add(valid(updates[index]), weights[index])
         window.append(index)
         assert len(buffer) <= k
         if buffer.is_full:
@@ -122,7 +131,7 @@ def test_sum_does_not_depend_on_order() -> None:
     for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
         buffer = UpdateBuffer(SPECS, capacity=4, normalization="weight")
         for i in order:
-            buffer.add(updates[i], 1.0 + i)
+            buffer.add(valid(updates[i]), 1.0 + i)
         results.append(buffer.take().update)
     for name in SPECS:
         torch.testing.assert_close(results[0][name], results[1][name])
@@ -134,7 +143,7 @@ def test_add_never_densifies_an_update(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(SparseTensor, "to_dense", refuse)
     buffer = UpdateBuffer(SPECS, capacity=1)
-    buffer.add({"w": sparse("w", [1], [1.0]), "b": sparse("b", [0], [2.0])}, 1.0)
+    buffer.add(valid({"w": sparse("w", [1], [1.0]), "b": sparse("b", [0], [2.0])}), 1.0)
     assert buffer.take().update["b"][0] == 2.0
 
 
@@ -170,23 +179,62 @@ def test_add_never_densifies_an_update(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
     ],
 )
-def test_invalid_updates_leave_the_buffer_untouched(update: dict, message: str) -> None:
+def test_invalid_updates_never_reach_the_buffer(update: dict, message: str) -> None:
     buffer = UpdateBuffer(SPECS, capacity=2)
-    good = {"w": sparse("w", [2], [1.0]), "b": sparse("b", [1], [1.0])}
+    good = valid({"w": sparse("w", [2], [1.0]), "b": sparse("b", [1], [1.0])})
     buffer.add(good, 1.0)
     with pytest.raises(InvalidUpdate, match=message):
-        buffer.add(update, 1.0)
-    with pytest.raises(InvalidUpdate, match=message):
         validate_update(update, SPECS)
+    with pytest.raises(TypeError, match="ValidUpdate"):
+        buffer.add(update, 1.0)  # type: ignore[arg-type]  # never checked: refused
     assert len(buffer) == 1
     buffer.add(good, 1.0)
     result = buffer.take()
     assert float(result.update["w"].sum()) == pytest.approx(1.0)
 
 
+def test_a_valid_update_is_checked_once_and_read_only() -> None:
+    update = {"w": sparse("w", [2], [1.0]), "b": sparse("b", [], [])}
+    checked = validate_update(update, SPECS)
+    update["w"] = sparse("w", [0], [float("nan")])  # the caller's mapping, not the update's
+    assert torch.equal(checked.tensors["w"].indices, torch.tensor([2]))
+    with pytest.raises(TypeError):
+        checked.tensors["w"] = update["w"]  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checked.tensors = {}  # type: ignore[misc]
+    dense = valid({"w": torch.ones(4, 3), "b": sparse("b", [0], [1.0])})
+    assert isinstance(dense.tensors["w"], torch.Tensor)
+    for bad, message in (
+        ({"w": torch.ones(3, 4), "b": sparse("b", [], [])}, "shape"),
+        ({"w": torch.ones(4, 3, dtype=torch.int64), "b": sparse("b", [], [])}, "floating"),
+        ({"w": torch.full((4, 3), float("inf")), "b": sparse("b", [], [])}, "NaN or Inf"),
+        ({"w": torch.ones(4, 3)}, "lacks model tensors"),
+    ):
+        with pytest.raises(InvalidUpdate, match=message):
+            valid(bad)
+
+
+def test_the_buffer_trusts_a_valid_update_without_checking_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What became a ValidUpdate is added as it is: the buffer runs no check of its own
+    (a NaN vouched for by building a ValidUpdate directly goes straight in)."""
+    import fedsync.aggregation.validation as validation
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the buffer checked an update again")
+
+    vouched = ValidUpdate({"w": sparse("w", [0], [float("nan")]), "b": sparse("b", [], [])})
+    monkeypatch.setattr(validation, "_validate_tensor", refuse)
+    monkeypatch.setattr(validation, "_validate_dense", refuse)
+    buffer = UpdateBuffer(SPECS, capacity=1)
+    buffer.add(vouched, 1.0)
+    assert torch.isnan(buffer.take().update["w"][0, 0])
+
+
 def test_bad_weights_and_arguments() -> None:
     buffer = UpdateBuffer(SPECS, capacity=1)
-    update = {"w": sparse("w", [], []), "b": sparse("b", [], [])}
+    update = valid({"w": sparse("w", [], []), "b": sparse("b", [], [])})
     for weight in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="weight"):
             buffer.add(update, weight)
@@ -198,7 +246,7 @@ def test_bad_weights_and_arguments() -> None:
 
 def test_zero_weights_move_nowhere() -> None:
     buffer = UpdateBuffer(SPECS, capacity=1, normalization="weight")
-    buffer.add({"w": sparse("w", [0], [5.0]), "b": sparse("b", [], [])}, 0.0)
+    buffer.add(valid({"w": sparse("w", [0], [5.0]), "b": sparse("b", [], [])}), 0.0)
     assert float(buffer.take().update["w"].abs().sum()) == 0.0
 
 
@@ -214,14 +262,14 @@ def test_low_rank_updates_are_kept_as_factors_and_added_once() -> None:
     weights = [0.5, 1.0, 2.0]
     buffer = UpdateBuffer({"w": spec}, capacity=3, normalization="weight")
     for update, weight in zip(updates, weights, strict=True):
-        buffer.add({"w": update}, weight)
+        buffer.add(valid({"w": update}, {"w": spec}), weight)
         assert update._values is None  # the product was never formed for one update
     mean = buffer.take().update["w"]
     dense = sum(w * u.to_dense() for w, u in zip(weights, updates, strict=True)) / sum(weights)
     torch.testing.assert_close(mean, dense)
     bad = LowRankTensor(spec, torch.full((12, 1), float("nan")), torch.ones(6, 1))
     with pytest.raises(InvalidUpdate, match="factor P"):
-        UpdateBuffer({"w": spec}, capacity=1).add({"w": bad}, 1.0)
+        validate_update({"w": bad}, {"w": spec})
 
 
 def mixed_update(gen: torch.Generator, specs: dict[str, TensorSpec], dense: set[str]) -> dict:
@@ -266,12 +314,12 @@ def test_sparse_dense_and_auto_accumulators_give_the_same_bits(
             specs,
             capacity=k,
             normalization=normalization,
-            accumulator=kind,  # type: ignore[arg-type]
+            accumulator=kind,
             dense_above=dense_above,
         )
         takes = []
         for update, weight in zip(updates, weights, strict=True):
-            buffer.add(update, weight)
+            buffer.add(valid(update, specs), weight)
             if buffer.is_full:
                 takes.append(buffer.take().update)
         outputs[kind] = takes
@@ -285,9 +333,9 @@ def test_auto_turns_a_tensor_dense_once_its_union_passes_the_threshold() -> None
     spec = TensorSpec("w", (1000,))
     buffer = UpdateBuffer({"w": spec}, capacity=3, dense_above=0.05)
 
-    def update(positions: list[int]) -> dict[str, SparseTensor]:
+    def update(positions: list[int]) -> ValidUpdate:
         idx = torch.tensor(positions, dtype=torch.int64)
-        return {"w": SparseTensor(spec, idx, torch.ones(len(positions)))}
+        return valid({"w": SparseTensor(spec, idx, torch.ones(len(positions)))}, {"w": spec})
 
     buffer.add(update(list(range(0, 30))), 1.0)
     assert buffer.union_density("w") == pytest.approx(0.03)
@@ -309,11 +357,13 @@ def test_low_rank_and_dense_updates_make_their_tensor_dense() -> None:
     spec = TensorSpec("w", (12, 6))
     gen = torch.Generator().manual_seed(5)
     buffer = UpdateBuffer({"w": spec}, capacity=2, accumulator="sparse")
-    buffer.add({"w": SparseTensor(spec, torch.tensor([3]), torch.tensor([1.0]))}, 1.0)
-    buffer.add({"w": LowRankTensor(spec, torch.randn(12, 1, generator=gen), torch.ones(6, 1))}, 1.0)
+    specs = {"w": spec}
+    buffer.add(valid({"w": SparseTensor(spec, torch.tensor([3]), torch.tensor([1.0]))}, specs), 1.0)
+    factors = LowRankTensor(spec, torch.randn(12, 1, generator=gen), torch.ones(6, 1))
+    buffer.add(valid({"w": factors}, specs), 1.0)
     buffer.take()
     assert buffer.last_kinds == {"w": "dense"}
-    buffer.add({"w": torch.ones(12, 6)}, 1.0)
+    buffer.add(valid({"w": torch.ones(12, 6)}, specs), 1.0)
     assert buffer.union_density("w") == 1.0
 
 

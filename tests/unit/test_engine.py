@@ -19,7 +19,7 @@ import torch
 from fedsync.codec import UpdateCodec
 from fedsync.compression.sparsifiers import dct
 from fedsync.config import RunConfig
-from fedsync.engine import AggregationEngine, Rejection, TaskPlan, Verdict
+from fedsync.engine import AggregationEngine, InFlight, Rejection, Verdict
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import BadMagic, UnexpectedCodec, encode_frame
 
@@ -38,13 +38,13 @@ def engine_for(**values: Any) -> AggregationEngine:
     return AggregationEngine(RunConfig.of(**settings), state)
 
 
-def device_model(plan: TaskPlan) -> dict[str, torch.Tensor]:
+def device_model(plan: InFlight) -> dict[str, torch.Tensor]:
     """What the device holds after decoding a full downlink."""
     decoded = UpdateCodec().decode(plan.downlink.payload, SPECS)
     return {name: tensor.to_dense() for name, tensor in decoded.items()}
 
 
-def reply(plan: TaskPlan, delta: dict[str, torch.Tensor]) -> bytes:
+def reply(plan: InFlight, delta: dict[str, torch.Tensor]) -> bytes:
     return UpdateCodec(plan.uplink_spec).encode(delta)
 
 
@@ -80,6 +80,38 @@ def test_teasq_weights_by_examples_and_staleness() -> None:
     # K = 1 and weight normalisation: the weight re-balances, it never shrinks the step
     assert verdict.weight_sum == pytest.approx(30 * 0.5)
     assert torch.equal(engine.state["b"], torch.full((4,), 2.0))
+
+
+def test_staleness_is_computed_once_at_arrival_and_kept_on_the_record() -> None:
+    """arrived() writes the staleness on the task's record; receive() reads it from there
+    (the weight, the gate, the verdict and the counters), never computing it again."""
+    engine = engine_for(strategy="fedasync", staleness="polynomial:1", max_staleness=0)
+    old, fresh = engine.plan_task(1, 1), engine.plan_task(2, 2)
+    assert isinstance(old, InFlight) and old.staleness is None
+    with pytest.raises(ValueError, match="before arrived"):
+        engine.receive(old, reply(old, ones(1.0)), 10)
+    assert engine.arrived(old, 1) == 0 == old.staleness
+    engine.arrived(fresh, 1)
+    assert engine.receive(fresh, reply(fresh, ones(1.0)), 10).status == "aggregated"
+    # The model moved on after old's arrival: its staleness is still the one it came with.
+    verdict = engine.receive(old, reply(old, ones(1.0)), 10)
+    assert verdict.status == "aggregated" and verdict.staleness == 0
+    assert engine.tally.staleness == {0: 2} and engine.version == 2
+
+
+def test_the_engine_keeps_nothing_of_a_task_but_its_record() -> None:
+    """A task's start model (fedasync-mix) rides on its record; no table of the engine
+    grows with the tasks in flight."""
+    engine = engine_for(strategy="fedasync-mix", fedasync_alpha=0.5)
+    before = set(vars(engine))
+    flights = [engine.plan_task(node, node) for node in (1, 2, 3)]
+    assert all(f.downlink.start is not None for f in flights)
+    grown = [
+        name
+        for name, value in vars(engine).items()
+        if isinstance(value, dict) and any(f.task_id in value for f in flights)
+    ]
+    assert grown == [] and set(vars(engine)) == before
 
 
 def nan_frame() -> bytes:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import magnitude_masks, mask_digest, masked_spec
 from fedsync.config import RunConfig, SettingsError
-from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.engine import AggregationEngine, InFlight
 from fedsync.updates import TensorSpec
 from fedsync.wire import (
     BadMagic,
@@ -137,7 +137,7 @@ def test_damaged_mask_frames_are_typed_errors(damage: Any, error: type, field: s
     payload = encode_masks(magnitude_masks(model(), 0.9), SPECS, version=1)
     with pytest.raises(error) as err:
         decode_masks(damage(payload), SPECS)
-    assert err.value.field == field
+    assert err.value.field == field  # type: ignore[attr-defined]
 
 
 def test_a_bitmap_that_disagrees_with_its_count_is_rejected() -> None:
@@ -180,7 +180,7 @@ class Device:
         self.masks: dict[str, torch.Tensor] | None = None
         self.model: dict[str, torch.Tensor] = {}
 
-    def reply(self, plan: TaskPlan, scale: float = 0.1) -> bytes:
+    def reply(self, plan: InFlight, scale: float = 0.1) -> bytes:
         if plan.mask:
             self.masks = decode_masks(plan.mask, SPECS).masks
         masks = self.masks if plan.uplink_spec.startswith("mask:") else None
@@ -195,7 +195,7 @@ class Device:
         return UpdateCodec(plan.uplink_spec, masks=masks, specs=SPECS).encode(delta)
 
 
-def step(engine: AggregationEngine, device: Device, node: int, number: int) -> TaskPlan:
+def step(engine: AggregationEngine, device: Device, node: int, number: int) -> InFlight:
     plan = engine.plan_task(node, number)
     payload = device.reply(plan)
     engine.arrived(plan, len(payload))
@@ -281,7 +281,7 @@ def test_a_resumed_run_keeps_the_saved_cut_even_where_a_recut_would_differ() -> 
     assert again.pruned is not None and again.pruned.digest == engine.pruned.digest
 
 
-def _pruned_engine() -> tuple[AggregationEngine, Device, TaskPlan]:
+def _pruned_engine() -> tuple[AggregationEngine, Device, InFlight]:
     engine = engine_for(prune_at_version=0)
     device = Device()
     plan = engine.plan_task(1, 1)
@@ -301,7 +301,7 @@ def test_an_update_with_the_wrong_count_for_the_mask_is_rejected() -> None:
     assert all(torch.equal(engine.trained[n], before[n]) for n in before)
 
 
-def _count_forged(plan: TaskPlan, masks: dict[str, torch.Tensor], extra: int) -> bytes:
+def _count_forged(plan: InFlight, masks: dict[str, torch.Tensor], extra: int) -> bytes:
     """An honest masked frame, re-framed with ``extra`` more values for fc.weight."""
     honest = UpdateCodec(plan.uplink_spec, masks=masks, specs=SPECS).encode(
         {name: torch.full(shape, 0.1) for name, shape in SHAPES.items()}

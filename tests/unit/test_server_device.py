@@ -27,7 +27,7 @@ import torch
 from fedsync.aggregation.placement import misplaced, tensor_devices
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
-from fedsync.engine import AggregationEngine, TaskPlan
+from fedsync.engine import AggregationEngine, InFlight
 from fedsync.reports import RunRecorder
 from fedsync.server.checkpoint import CheckpointStore, load_checkpoint
 from fedsync.server.journal import RunJournal
@@ -127,7 +127,7 @@ class _Digest:
         return self._hash.hexdigest()
 
 
-def _reply(plan: TaskPlan, masks: dict[str, torch.Tensor] | None) -> bytes:
+def _reply(plan: InFlight, masks: dict[str, torch.Tensor] | None) -> bytes:
     """A device's update for ``plan``: seeded by the task's seed, encoded for real."""
     generator = torch.Generator().manual_seed(plan.seed)
     delta = {name: torch.randn(shape, generator=generator) * 0.05 for name, shape in SHAPES.items()}
@@ -144,7 +144,7 @@ def drive(engine: AggregationEngine, *, tasks: int = 24) -> str:
     """
     digest = _Digest()
     masks: dict[str, torch.Tensor] | None = None
-    in_flight: list[TaskPlan] = []
+    in_flight: list[InFlight] = []
     for number in range(1, tasks + 1):
         plan = engine.plan_task(node_id=number % 4, number=number)
         digest.text((plan.task_id, plan.version, plan.uplink_spec, plan.downlink.kind))
@@ -268,7 +268,12 @@ def test_every_tensor_of_the_engine_is_on_the_server_device(name: str) -> None:
         assert any(path.startswith(part) for path in found), (part, sorted(found)[:8])
     assert "state['bn.num_batches_tracked']" in found  # the untrained tensors too
     if engine.strategy.needs_start_model:
-        assert engine._starts
+        # A task's start model lives on its record (the downlink's pending replica), not
+        # in a table of the engine's: on the server device too.
+        flight = engine.plan_task(node_id=3, number=201)
+        assert flight.downlink.start is not None
+        assert engine.downlink.holds(3) is flight.downlink.start
+        assert misplaced(tensor_devices(flight), "cpu") == {}
     assert misplaced(found, "cpu") == {}
 
 
@@ -291,7 +296,6 @@ def test_the_walker_names_a_tensor_left_on_another_device_in_any_part() -> None:
     assert engine.pruned is not None
     engine.pruned.masks["stray"] = stray.clone()
     engine.downlink._replicas[7] = {"stray": stray.clone()}
-    engine._starts["task-x"] = {"stray": stray.clone()}
     engine.tally.__dict__["stray"] = [None, (stray.clone(),)]  # nested in a plain object
     assert sorted(misplaced(engine.placement(), "cpu")) == sorted(
         [
@@ -300,7 +304,6 @@ def test_the_walker_names_a_tensor_left_on_another_device_in_any_part() -> None:
             "optimizer._velocity['stray']",
             "pruned.masks['stray']",
             "downlink._replicas[7]['stray']",
-            "_starts['task-x']['stray']",
             "tally.stray[1][0]",
         ]
     )
@@ -318,7 +321,7 @@ def test_the_walker_lists_host_arrays_and_follows_cycles() -> None:
 
 # --- checkpoints: CPU tensors, resumed on any device ----------------------------------------
 def saved_checkpoint(engine: AggregationEngine, folder: Any) -> Any:
-    journal = RunJournal(engine, RunRecorder(folder, "run"), lambda state: {})
+    journal = RunJournal(engine, RunRecorder(folder, "run"), lambda version, state: {})
     path = CheckpointStore(folder / "checkpoints").save(journal.checkpoint())
     return load_checkpoint(path)
 

@@ -76,6 +76,7 @@ def test_cuda_tensors_select_triton_without_asking() -> None:
 import torch
 from fedsync.kernels import dispatch
 from fedsync.aggregation.buffer import UpdateBuffer
+from fedsync.aggregation.validation import validate_update
 from fedsync.codec import UpdateCodec
 from fedsync.updates import TensorSpec
 x = torch.randn(1_000_003, device="cuda")
@@ -89,8 +90,8 @@ specs = {"w": TensorSpec("w", (1_000_003,), "float32")}
 sums = []
 for device in ("cpu", "cuda"):
     buffer = UpdateBuffer(specs, capacity=2, normalization="weight", device=device)
-    buffer.add(sparse, 0.25)
-    buffer.add(sparse, 0.75)
+    buffer.add(validate_update(sparse, specs), 0.25)
+    buffer.add(validate_update(sparse, specs), 0.75)
     sums.append(buffer.take().update["w"].cpu())
 assert torch.equal(sums[0], sums[1])
 print("ok")
@@ -106,6 +107,7 @@ def test_sparse_and_dense_accumulators_on_cuda_match_the_cpu() -> None:
     code = """
 import torch
 from fedsync.aggregation.buffer import UpdateBuffer
+from fedsync.aggregation.validation import validate_update
 from fedsync.updates import SparseTensor, TensorSpec
 spec = TensorSpec("w", (1_000_003,), "float32")
 gen = torch.Generator().manual_seed(7)
@@ -121,7 +123,7 @@ for keep in (300, 60_000):
             for weight, update in zip((0.25, 0.5, 1.0), updates):
                 moved = {"w": SparseTensor(spec, update["w"].indices.to(device),
                                            update["w"].values.to(device))}
-                buffer.add(moved, weight)
+                buffer.add(validate_update(moved, {"w": spec}), weight)
             got = buffer.take().update["w"].cpu().view(torch.int32)
             want = got if want is None else want
             assert torch.equal(got, want), (keep, device, kind)

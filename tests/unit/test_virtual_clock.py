@@ -241,6 +241,28 @@ def test_offline_wake_waits_for_the_device() -> None:
     assert event.time == pytest.approx(p.next_online(0.0, clock.phase_of(1)))
 
 
+def test_the_loops_record_and_reply_ride_on_the_tasks_events() -> None:
+    """What the loop hands start() and reply() comes back on the task's event, whatever
+    ends it: nothing to park and look up again by task id."""
+    dropper = profile(online_seconds=10.0, offline_seconds=10.0, offline_behavior="drop")
+    clock = VirtualClock(fixed({1: profile(), 2: profile(), 3: dropper}), seed=0)
+    records = {name: object() for name in ("ok", "failed", "lost")}
+    assert clock.start("ok", 1, downlink_bytes=0, task=records["ok"])
+    assert clock.start("failed", 2, downlink_bytes=0, task=records["failed"])
+    assert not clock.start("lost", 3, downlink_bytes=15_000_000, task=records["lost"])
+    reply = object()
+    clock.reply("ok", TaskWork(uplink_bytes=0), reply=reply)
+    clock.error("failed", "clientapp-exception (code 2): boom")
+    clock.wake(1)
+    events = {e.task_id or "wake": e for e in drain(clock)}
+    assert [events[n].kind for n in ("ok", "failed", "lost")] == ["reply", "error", "drop"]
+    for name, record in records.items():
+        assert events[name].task is record
+    assert events["ok"].reply is reply
+    assert events["failed"].reply is None and events["lost"].reply is None
+    assert events["wake"].task is None
+
+
 # --- the wall clock ------------------------------------------------------------------------------
 def test_wall_clock_releases_in_real_order() -> None:
     now = [100.0]
@@ -255,6 +277,11 @@ def test_wall_clock_releases_in_real_order() -> None:
     assert [(e.kind, e.node_id) for e in events] == [("wake", 5), ("reply", 2), ("error", 1)]
     assert events[1].time == pytest.approx(3.0) and events[1].timing["round_trip_s"] == 3.0
     assert clock.waiting == 0 and clock.queued == 0
+    record, reply = object(), object()
+    clock.start("c", 3, 10, task=record)
+    clock.reply("c", TaskWork(uplink_bytes=1), reply=reply)
+    event = clock.pop()
+    assert event is not None and event.task is record and event.reply is reply
 
 
 # --- fleets --------------------------------------------------------------------------------------
