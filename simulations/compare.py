@@ -39,6 +39,7 @@ from typing import Any
 
 from fedsync.aggregation.health import DIVERGED_EXIT, health_problem
 from fedsync.deploy import DeploymentError, LocalSuperLink
+from fedsync.reports.provenance import provenance
 from fedsync.simulations.cleanup import stop_superlink
 from fedsync.simulations.progress import ComparisonProgress, budget_of
 from fedsync.simulations.report import fmt, mb, short_table, write_reports
@@ -204,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     comparison = build_comparison(scenario, results)
-    for path in write_reports(comparison, out):
+    origin = provenance("python -m fedsync.simulations.compare", argv)
+    for path in write_reports(comparison, out, origin):
         print(f"[compare] wrote {path}")
     print(f"\n{short_table(comparison)}\n")
     print(f"[compare] figure: {out / 'comparison.png'}; full table: {out / 'comparison.md'}")

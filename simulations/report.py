@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI, SSH
 import matplotlib.pyplot as plt
 
+from fedsync.reports.provenance import provenance
 from fedsync.simulations.results import (
     STALENESS_BINS,
     Comparison,
@@ -328,11 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _report_parser().parse_args(argv)
     out = Path(args.out)
     try:
-        comparison = _gather(out, args)
+        comparison, inputs = _gather(out, args)
     except (OSError, json.JSONDecodeError, ScenarioError, KeyError, TypeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for path in write_reports(comparison, out):
+    origin = provenance("python -m fedsync.simulations.report", argv)
+    if inputs:
+        origin["inputs"] = inputs
+    for path in write_reports(comparison, out, origin):
         print(f"[report] wrote {path}")
     print(f"\n{short_table(comparison)}")
     return 0
@@ -353,13 +357,17 @@ def _report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _gather(out: Path, args: argparse.Namespace) -> Comparison:
+def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, list[dict[str, Any]]]:
+    """The comparison, and the ``provenance`` blocks of the documents it was drawn from."""
+    inputs: list[dict[str, Any]] = []
     documents = [out / "comparison.json"] if (out / "comparison.json").is_file() else []
     documents += [Path(path) for path in args.add]
     name, scale = args.scenario, args.scale
     results: dict[str, RunResult] = {}
     for path in documents:
         document = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(document.get("provenance"), dict):
+            inputs.append(document["provenance"])
         name = name or document.get("scenario")
         scale = scale if scale is not None else float(document.get("scale", 1.0))
         if document.get("scenario") != name or float(document.get("scale", 1.0)) != scale:
@@ -379,17 +387,22 @@ def _gather(out: Path, args: argparse.Namespace) -> Comparison:
     if not results:
         raise ValueError(f"no runs of scenario {name!r} found")
     scenario = scenario.only(results).scaled(1.0 if scale is None else scale)
-    return build_comparison(scenario, [results[label] for label in scenario.labels])
+    return build_comparison(scenario, [results[label] for label in scenario.labels]), inputs
 
 
-def write_reports(comparison: Comparison, out: Path) -> list[Path]:
+def write_reports(
+    comparison: Comparison, out: Path, origin: Mapping[str, Any] | None = None
+) -> list[Path]:
     """Write ``comparison.json``, ``.md`` and ``.png`` into ``out``, and
-    ``staleness.png`` when a run was asynchronous."""
+    ``staleness.png`` when a run was asynchronous. ``origin`` (command, commit, date,
+    machine: :func:`fedsync.reports.provenance.provenance`) goes into the JSON as its
+    ``provenance``."""
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "comparison.json"
-    json_path.write_text(
-        json.dumps(comparison.as_dict(), indent=2, default=_jsonable) + "\n", encoding="utf-8"
-    )
+    document = comparison.as_dict()
+    if origin is not None:
+        document["provenance"] = dict(origin)
+    json_path.write_text(json.dumps(document, indent=2, default=_jsonable) + "\n", encoding="utf-8")
     written = [
         json_path,
         write_markdown(comparison, out / "comparison.md"),

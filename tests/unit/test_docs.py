@@ -1,0 +1,185 @@
+"""Documentation that stays true: generated results pages and links that resolve.
+
+Every page under ``docs/results/`` but ``methods.md`` is written by
+``python -m fedsync.reports.pages`` from ``docs/results/sources.toml`` and the committed
+JSON: regenerating it must give the committed text, so nobody edits a page by hand and a
+changed JSON cannot leave a stale page behind. Every relative link in ``README.md``,
+``docs/`` and ``examples/`` must point at a file that exists and, for ``#anchor`` links
+into Markdown, at a heading GitHub gives that anchor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fedsync.reports.pages import (
+    HAND_WRITTEN,
+    MANIFEST,
+    PAGES,
+    PagesError,
+    github_slug,
+    main,
+    render_pages,
+    stale_pages,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENTS = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("examples/**/*.md")])
+
+
+# --- the results pages ------------------------------------------------------------------------
+def test_every_results_page_is_what_the_generator_writes() -> None:
+    stale = stale_pages(ROOT)
+    assert not stale, (
+        f"{', '.join(stale)} in {PAGES} differ from their sources: run "
+        "`python -m fedsync.reports.pages` (edit docs/results/sources.toml, not the pages)"
+    )
+    assert main(["--check"]) == 0
+
+
+def test_the_pages_cover_the_headline_results() -> None:
+    pages = render_pages(ROOT)
+    wanted = {
+        "fmnist-iot.md": "simulations/results/fmnist-iot/comparison.json",
+        "fmnist-teasq.md": "simulations/results/fmnist-teasq/comparison.json",
+        "ci-scale.md": "simulations/results/digits-stragglers/comparison.json",
+        "cross-site.md": "simulations/results/cross-site-full/comparison.json",
+        "deploy-overhead.md": "benchmarks/results/deploy_overhead_quiet.json",
+        "deploy-soak.md": "benchmarks/results/deploy_soak_30min.json",
+    }
+    for name, data in wanted.items():
+        assert f"[`{data}`](../../{data})" in pages[name]
+        assert "**Command**" in pages[name] and "**Machine**" in pages[name]
+    assert all(f"({name}" in pages["index.md"] for name in wanted)
+    assert {p.name for p in (ROOT / PAGES).iterdir()} >= HAND_WRITTEN
+
+
+def test_a_missing_json_fails_clearly(tmp_path: Path) -> None:
+    manifest = (ROOT / MANIFEST).read_text(encoding="utf-8")
+    moved = manifest.replace(
+        'json = "simulations/results/fmnist-ci/comparison.json"',
+        'json = "simulations/results/fmnist-ci/no-such.json"',
+    )
+    assert moved != manifest
+    (tmp_path / "sources.toml").write_text(moved, encoding="utf-8")
+    with pytest.raises(PagesError, match=r"fmnist-ci/no-such\.json: no such file"):
+        render_pages(ROOT, tmp_path / "sources.toml")
+    assert main(["--root", str(tmp_path)]) == 2  # no manifest there at all
+
+
+def test_the_manifest_may_not_repeat_what_the_json_carries(tmp_path: Path) -> None:
+    folder = tmp_path / "r"
+    folder.mkdir()
+    document = json.loads((ROOT / "simulations/results/fmnist-ci/comparison.json").read_text())
+    document["provenance"] = {
+        "command": "python -m fedsync.simulations.compare fmnist-ci",
+        "commit": "abc1234",
+        "date": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": 4, "load_average": [0.5, 0.4, 0.3], "platform": "Linux"},
+    }
+    (folder / "comparison.json").write_text(json.dumps(document), encoding="utf-8")
+    page = """
+[[page]]
+name = "p"
+title = "T"
+summary = "S"
+description = "D"
+[[page.result]]
+json = "r/comparison.json"
+kind = "comparison"
+heading = "H"
+description = "D"
+"""
+    (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
+    text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
+    assert "python -m fedsync.simulations.compare fmnist-ci" in text
+    assert "commit `abc1234`" in text and "4 CPUs" in text
+    (tmp_path / "sources.toml").write_text(page + 'commit = "f00"\n', encoding="utf-8")
+    with pytest.raises(PagesError, match=r"commit is in r/comparison\.json already"):
+        render_pages(tmp_path, tmp_path / "sources.toml")
+
+
+# --- links --------------------------------------------------------------------------------------
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+_HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
+
+
+def _prose(text: str) -> str:
+    return _CODE.sub("", _FENCE.sub("", text))
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (repeats numbered)."""
+    text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    found = set(_HTML_ANCHOR.findall(text))
+    for heading in _HEADING.findall(text):
+        slug = github_slug(heading)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of a Markdown file that point at nothing."""
+    broken = []
+    for target in _LINK.findall(_prose(path.read_text(encoding="utf-8"))):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        if not resolved.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+def test_github_slugs() -> None:
+    assert github_slug("Warm nodes: per-task overhead") == "warm-nodes-per-task-overhead"
+    assert github_slug("Pruned subnetworks (`prune-at-version`)") == (
+        "pruned-subnetworks-prune-at-version"
+    )
+    assert github_slug("Dirichlet 0.1, re-run with today's defaults") == (
+        "dirichlet-01-re-run-with-todays-defaults"
+    )
+    assert github_slug("See [the docs](x.md) & more_things") == "see-the-docs--more_things"
+
+
+def test_the_link_checker_finds_broken_links(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# Title\n\n## Same\n\n## Same\n", encoding="utf-8")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#title) [ok](a.md#same-1) [ok](#here) [web](https://x.org/y)\n"
+        "[gone](nope.md) [bad](a.md#nope) `[code](nope.md)`\n\n## Here\n\n"
+        "```\n[fenced](nope.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert broken_links(tmp_path / "b.md") == [
+        "nope.md (no such file)",
+        "a.md#nope (no such heading)",
+    ]
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(path: Path) -> None:
+    assert not broken_links(path), f"{path.relative_to(ROOT)}: {broken_links(path)}"
+
+
+def test_the_readme_is_a_landing_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    assert "docs/results/index.md" in readme and "docs/results.md" not in readme
+    # A figure the README quotes is a headline line of the generated index, with its link.
+    index = render_pages(ROOT)["index.md"]
+    for line in readme.splitlines():
+        if "](docs/results/" in line and re.search(r"\d+(\.\d+)?x\b", line):
+            quoted = line.lstrip("-* ").replace("](docs/results/", "](")
+            assert quoted in index, f"README quotes a figure that no results page has: {line}"
