@@ -479,10 +479,11 @@ def test_a_killed_server_resumes_from_its_last_checkpoint(
 FAULTS = "nan,bitflip,shape,norm"
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_hostile_replies_are_rejected_and_counted(
-    path: str, tmp_path: Path, project_root: Path
-) -> None:
+def test_hostile_replies_are_rejected_and_counted(tmp_path: Path, project_root: Path) -> None:
+    """On warm nodes only: the rejections are the ServerApp's, and the faulty replies come
+    from the same ClientApp code on either node path; the stock path's fresh process per
+    task only doubled the test's time (110 s against 51 s)."""
+    path = "warm"
     results = tmp_path / "results"
     nodes = node_configs(tmp_path, **{"2": {"fault": FAULTS}})
     deployment = deployment_kind(path)(tmp_path / "run", nodes)

@@ -4,7 +4,7 @@ Two paths, SuperNodes authenticated over TLS as deployed, ``strategy=teasq clock
 
 * ``stock`` (``LocalDeployment``, a ClientApp process per message):
   ``FEDSYNC_SOAK_NODES`` (default 16) SuperNodes for ``FEDSYNC_SOAK_MINUTES`` (default
-  3.5) minutes of wall time;
+  2.5) minutes of wall time;
 * ``warm`` (``WarmLocalDeployment``: ``fedsync-node``, a long-lived executor per node
   holding about 1 GB): ``FEDSYNC_SOAK_WARM_NODES`` (default 3) nodes for
   ``FEDSYNC_SOAK_WARM_MINUTES`` (default 2) minutes.
@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 SIZES = {
     "stock": (
         int(os.environ.get("FEDSYNC_SOAK_NODES", "16")),
-        float(os.environ.get("FEDSYNC_SOAK_MINUTES", "3.5")),
+        float(os.environ.get("FEDSYNC_SOAK_MINUTES", "2.5")),
     ),
     "warm": (
         int(os.environ.get("FEDSYNC_SOAK_WARM_NODES", "3")),
