@@ -806,8 +806,8 @@ class RunConfig:
     @property
     def runs_on_engine(self) -> bool:
         """Whether the strategy runs on fedsync's engine: true for every strategy of
-        :data:`fedsync.strategies.STRATEGIES` (teasq, fedbuff, fedasync, fedasync-mix and
-        the synchronous diloco), which send compressed tasks and stop after
+        :data:`fedsync.strategies.STRATEGIES` (the synchronous diloco among them), which
+        send compressed tasks and stop after
         ``max-aggregations``; false for Flower's own FedAvg (:attr:`BASELINE`), which
         sends dense models and stops after ``num-rounds``."""
         return self.strategy != self.BASELINE

@@ -514,9 +514,10 @@ class AggregationEngine:
         if self.ab is not None:
             # The exact rank-r products of a valid reply's factor deltas with the factors
             # the task carried: valid by construction, not checked again.
-            assert flight.frozen is not None, "an AB-Training task carries its factors"
+            if flight.frozen is None:
+                raise RuntimeError(f"AB-Training task {flight.task_id} carries no factors")
             rebuilt = self.ab.rebuild(side, flight.frozen, update.tensors)
-            return ValidUpdate(MappingProxyType(rebuilt))
+            return ValidUpdate(MappingProxyType(rebuilt), MappingProxyType(self.specs))
         return update
 
     def _reject(self, staleness: int, rejection: Rejection) -> Verdict:

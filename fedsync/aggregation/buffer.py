@@ -210,11 +210,17 @@ class UpdateBuffer:
             If the weight is negative or not finite.
         TypeError
             If ``update`` is not a :class:`ValidUpdate` (a plain mapping was never checked).
+        ValueError
+            Also if ``update`` was validated against other tensors than the buffer's.
         """
         if not isinstance(update, ValidUpdate):
             raise TypeError(
                 f"the buffer adds a ValidUpdate (fedsync.aggregation.validate_update), "
                 f"not {type(update).__name__}"
+            )
+        if update.specs != self.specs:
+            raise ValueError(
+                "the update was validated against other tensors than this buffer's model"
             )
         if self._count >= self.capacity:
             raise BufferFull(

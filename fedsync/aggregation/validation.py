@@ -46,9 +46,13 @@ class ValidUpdate(Generic[UpdateTensor]):
     ----------
     tensors : mapping of str to SparseTensor or torch.Tensor
         The update by model tensor name (read-only).
+    specs : mapping of str to TensorSpec
+        The model tensors it was checked against (read-only): the buffer takes it only
+        when they are its own.
     """
 
     tensors: Mapping[str, UpdateTensor]
+    specs: Mapping[str, TensorSpec]
 
 
 def validate_update(
@@ -89,7 +93,7 @@ def validate_update(
             _validate_tensor(name, tensor, specs[name])
         else:
             _validate_dense(name, tensor, specs[name])
-    return ValidUpdate(MappingProxyType(dict(update)))
+    return ValidUpdate(MappingProxyType(dict(update)), MappingProxyType(dict(specs)))
 
 
 def _validate_tensor(name: str, tensor: SparseTensor, spec: TensorSpec) -> None:

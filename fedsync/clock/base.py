@@ -97,8 +97,8 @@ class ClockEvent:
     seq: int = 0
     reason: str = ""
     timing: dict[str, float] = field(default_factory=dict)
-    task: Any = None
-    reply: Any = None
+    task: Any = field(default=None, repr=False, compare=False)
+    reply: Any = field(default=None, repr=False, compare=False)
 
 
 class Clock(ABC):

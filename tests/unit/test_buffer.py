@@ -224,7 +224,7 @@ def test_the_buffer_trusts_a_valid_update_without_checking_it_again(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the buffer checked an update again")
 
-    vouched = ValidUpdate({"w": sparse("w", [0], [float("nan")]), "b": sparse("b", [], [])})
+    vouched = ValidUpdate({"w": sparse("w", [0], [float("nan")]), "b": sparse("b", [], [])}, SPECS)
     monkeypatch.setattr(validation, "_validate_tensor", refuse)
     monkeypatch.setattr(validation, "_validate_dense", refuse)
     buffer = UpdateBuffer(SPECS, capacity=1)
@@ -373,3 +373,14 @@ def test_bad_accumulator_arguments() -> None:
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="dense_above"):
             UpdateBuffer(SPECS, capacity=1, dense_above=bad)
+
+
+def test_an_update_validated_against_other_tensors_is_refused() -> None:
+    """A ValidUpdate vouches for the tensors it was checked against, not for any model:
+    the buffer refuses one checked against other specs (say, AB-Training's factors)."""
+    other = {name: dataclasses.replace(spec, dtype="float16") for name, spec in SPECS.items()}
+    update = validate_update({"w": sparse("w", [0], [1.0]), "b": sparse("b", [], [])}, other)
+    buffer = UpdateBuffer(SPECS, capacity=1)
+    with pytest.raises(ValueError, match="other tensors"):
+        buffer.add(update, 1.0)
+    assert len(buffer) == 0
