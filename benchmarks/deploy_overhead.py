@@ -25,9 +25,11 @@ lines (node config ``timing-log``) into:
 ``exec_start``
     the SuperNode holds the message until ``flwr-clientapp`` runs (SuperExec poll, spawn);
 ``clientapp_boot``
-    that process's Python start, Flower imports and task fetch;
+    that process's Python start, Flower's imports (those the ClientApp module makes
+    before :mod:`fedsync.clients.timing` starts its clock included) and task fetch;
 ``imports``
-    loading the ClientApp module (torch), by the first message of a process;
+    the ClientApp module's load (fedsync, torch) as :mod:`fedsync.clients.timing` times
+    it, by the first message of a process (zero for the warm executor's later tasks);
 ``data``, ``training``
     loading the partition; local training (the reply's ``compute-seconds``);
 ``encode``
@@ -44,6 +46,10 @@ Overhead = round trip - training - download - upload (everything but training an
 bytes on the wire). The machine is shared and noisy: medians and min/max are reported.
 With ``--soak S`` only the ``--soak-mode`` path runs, for ``S`` seconds, sampling every
 node's RSS (all processes of its process group) to show it stays flat.
+
+The JSON's ``provenance`` (:func:`fedsync.reports.provenance.provenance`) names the
+command, commit, date and machine, with the load average at the start and, as
+``load_average_end``, at the end.
 """
 
 from __future__ import annotations
@@ -51,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import threading
@@ -373,22 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_overhead.json")
     args = parser.parse_args(argv)
     classes = [c for c in args.device_classes.split(",") if c]
+    modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
+    if unknown := sorted(set(modes) - set(MODES)):
+        parser.error(f"unknown --modes {', '.join(unknown)}; choose from {', '.join(MODES)}")
     result: dict[str, Any] = {
         "benchmark": "deploy_overhead",
         "provenance": provenance("python -m benchmarks.deploy_overhead", argv),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_start": os.getloadavg(),
-        },
         "nodes": args.nodes,
         "exec_poll_s": args.exec_poll,
         "runs": {},
         "summary": {},
     }
-    modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
-    if unknown := sorted(set(modes) - set(MODES)):
-        parser.error(f"unknown --modes {', '.join(unknown)}; choose from {', '.join(MODES)}")
     with tempfile.TemporaryDirectory(prefix="deploy-overhead-") as tmp:
         for mode in track(modes, "deployment paths"):
             run = run_path(
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                 "executor_restarts": run["executor_restarts"],
             }
             print(mode, json.dumps(result["summary"][mode]["steady"], indent=1), flush=True)
-    result["machine"]["loadavg_end"] = os.getloadavg()
+    result["provenance"]["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if "stock" in result["summary"]:
         stock = result["summary"]["stock"]["steady"]
         result["ratios"] = {

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -325,17 +326,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     document (the same scenario at the same scale, other labels: runs of one scenario
     split across runners), and, for the scenario's other labels, the run folders under
     ``--runs`` (a runner's ``results/``; see :func:`fedsync.simulations.results.read_run`).
+
+    The JSON's ``provenance`` stays that of the runs: ``OUT``'s own block is kept, each
+    ``--add`` document's block goes under ``inputs`` (with the labels it gave), and this
+    command, its commit and date are appended under ``rewrites``. Rows with no recorded
+    provenance (``--runs`` folders, documents without the block) leave the command,
+    commit, date and machine unset, for the results pages' manifest to give.
     """
     args = _report_parser().parse_args(argv)
     out = Path(args.out)
     try:
-        comparison, inputs = _gather(out, args)
+        comparison, sources = _gather(out, args)
     except (OSError, json.JSONDecodeError, ScenarioError, KeyError, TypeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    origin = provenance("python -m fedsync.simulations.report", argv)
-    if inputs:
-        origin["inputs"] = inputs
+    rewrite = provenance("python -m fedsync.simulations.report", argv)
+    origin = sources.provenance({key: rewrite[key] for key in ("command", "commit", "date")})
     for path in write_reports(comparison, out, origin):
         print(f"[report] wrote {path}")
     print(f"\n{short_table(comparison)}")
@@ -357,25 +363,64 @@ def _report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, list[dict[str, Any]]]:
-    """The comparison, and the ``provenance`` blocks of the documents it was drawn from."""
-    inputs: list[dict[str, Any]] = []
-    documents = [out / "comparison.json"] if (out / "comparison.json").is_file() else []
+@dataclass
+class _Sources:
+    """Where a rewritten comparison's rows came from."""
+
+    own: dict[str, Any] | None = None
+    """The ``provenance`` of the document being rewritten (``OUT/comparison.json``)."""
+    own_labels: list[str] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    """The ``provenance`` of each ``--add`` document, with the ``labels`` it gave."""
+    unrecorded: list[str] = field(default_factory=list)
+    """Labels whose source records no provenance (``--runs`` folders, older documents)."""
+
+    def provenance(self, rewrite: Mapping[str, Any]) -> dict[str, Any]:
+        """The merged document's ``provenance``: the rewritten document's own (command,
+        commit, date, machine) kept when all its rows are accounted for, the ``--add``
+        documents' under ``inputs`` and this rewrite (command, commit, date) appended to
+        ``rewrites``. When some row's source records nothing, no command, commit, date or
+        machine is claimed for the document (the manifest of the results pages has to give
+        them) and the rewritten document's own block moves to ``inputs``."""
+        own = dict(self.own) if self.own is not None else {}
+        inputs = list(own.pop("inputs", []))
+        rewrites = list(own.pop("rewrites", []))
+        if own and self.unrecorded:  # its rows, less those its own inputs gave
+            given = {label for i in inputs if isinstance(i, dict) for label in i.get("labels", [])}
+            labels = [label for label in self.own_labels if label not in given]
+            inputs.insert(0, {**own, "labels": labels})
+            own = {}
+        inputs += self.inputs
+        return {**own, **({"inputs": inputs} if inputs else {}), "rewrites": [*rewrites, rewrite]}
+
+
+def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
+    """The comparison, and where its rows came from."""
+    sources = _Sources()
+    own = out / "comparison.json"
+    documents = [own] if own.is_file() else []
     documents += [Path(path) for path in args.add]
     name, scale = args.scenario, args.scale
     results: dict[str, RunResult] = {}
     for path in documents:
         document = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(document.get("provenance"), dict):
-            inputs.append(document["provenance"])
         name = name or document.get("scenario")
         scale = scale if scale is not None else float(document.get("scale", 1.0))
         if document.get("scenario") != name or float(document.get("scale", 1.0)) != scale:
             raise ValueError(f"{path}: not scenario {name!r} at scale {scale:g}")
+        labels = []
         for result in runs_of(document):
             if result.label in results:
                 raise ValueError(f"{path}: {result.label!r} is in two documents")
             results[result.label] = result
+            labels.append(result.label)
+        origin = document.get("provenance")
+        if not isinstance(origin, dict):
+            sources.unrecorded += labels
+        elif path == own:
+            sources.own, sources.own_labels = origin, labels
+        else:
+            sources.inputs.append({**origin, "labels": labels})
     if not name:
         raise ValueError("no comparison.json and no --scenario: nothing to report")
     scenario = load_scenario(name)
@@ -384,10 +429,11 @@ def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, list[dict[
             folder = Path(args.runs) / spec.label
             if spec.label not in results and folder.is_dir():
                 results[spec.label] = read_run(folder, spec.label, spec.strategy)
+                sources.unrecorded.append(spec.label)
     if not results:
         raise ValueError(f"no runs of scenario {name!r} found")
     scenario = scenario.only(results).scaled(1.0 if scale is None else scale)
-    return build_comparison(scenario, [results[label] for label in scenario.labels]), inputs
+    return build_comparison(scenario, [results[label] for label in scenario.labels]), sources
 
 
 def write_reports(

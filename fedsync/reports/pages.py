@@ -13,7 +13,10 @@ its load, the seeds, a short fixed description of each result and of each table 
 the goals a result is held against and the headline figures the index quotes. A JSON
 written with a ``provenance`` block (:mod:`fedsync.reports.provenance`) carries its
 command, commit, date and machine itself; the manifest must not repeat them (it is an
-error), so the page cannot show a fact that disagrees with its data.
+error), so the page cannot show a fact that disagrees with its data. The page also lists
+the block's ``inputs`` (rows merged from other runs' JSON, each with its command,
+commit, date and machine) and ``rewrites`` (the report rewrites, each with its command,
+commit and date; see :func:`fedsync.simulations.report.main`).
 
 A page is never edited by hand: ``tests/unit/test_docs.py`` regenerates every page and
 compares it with the committed text. ``docs/results/methods.md`` is the one hand-written
@@ -31,7 +34,7 @@ Manifest layout (TOML)::
     description = "..."               # what the page shows (no result numbers)
 
     [[page.result]]
-    json = "simulations/results/fmnist-iot/comparison.json"
+    json = "simulations/results/fmnist-iot/comparison.json"   # relative, inside the root
     kind = "comparison"               # or link-ratio, deploy-overhead, soak
     heading = "..."
     description = "..."
@@ -145,8 +148,9 @@ def load_manifest(root: Path, manifest: Path | None = None) -> list[Page]:
     Raises
     ------
     PagesError
-        If the manifest or a JSON it names is missing, unreadable or malformed, or the
-        manifest states a fact that the JSON carries.
+        If the manifest or a JSON it names is missing, unreadable or malformed, a JSON
+        path is absolute or leaves the checkout, or the manifest states a fact that the
+        JSON carries.
     """
     path = manifest if manifest is not None else root / MANIFEST
     try:
@@ -189,7 +193,12 @@ def _load_result(
     _require(spec, ("json", "kind", "heading", "description"), _RESULT_KEYS, where)
     if spec["kind"] not in _KINDS:
         raise PagesError(f"{where}: kind {spec['kind']!r} is not one of {', '.join(_KINDS)}")
-    relative = Path(spec["json"])
+    relative = Path(str(spec["json"]))
+    if relative.is_absolute() or ".." in relative.parts:
+        raise PagesError(
+            f"{where}: json = {str(spec['json'])!r}: give a path inside the checkout, "
+            "relative to its root (not absolute, no '..')"
+        )
     try:
         data = json.loads((root / relative).read_text(encoding="utf-8"))
     except FileNotFoundError as err:
@@ -341,24 +350,36 @@ def _provenance(result: Result) -> list[str]:
         lines.append(f"- **Load**: {spec['load']}")
     if spec.get("seeds"):
         lines.append(f"- **Seeds**: {spec['seeds']}")
-    commands = [origin["command"]] if origin.get("command") else list(spec["commands"])
-    commands += [str(i["command"]) for i in origin.get("inputs", []) if i.get("command")]
-    lines += ["- **Command**:", "", "  ```bash"]
-    lines += [f"  {command}" for command in commands]
-    lines += ["  ```", ""]
-    return lines
+    for i in _entries(origin, "inputs"):
+        rows = ", ".join(f"`{label}`" for label in i.get("labels", [])) or "rows"
+        lines.append(
+            f"- **Merged in**: {rows} from `{i.get('command', '-')}`; commit "
+            f"`{i.get('commit', '-')}`, run on {i.get('date', '-')}; machine: "
+            f"{_host(i['machine']) if isinstance(i.get('machine'), dict) else '-'}"
+        )
+    for r in _entries(origin, "rewrites"):
+        lines.append(
+            f"- **Report rewritten**: `{r.get('command', '-')}`; commit "
+            f"`{r.get('commit', '-')}`, on {r.get('date', '-')}"
+        )
+    commands = [origin["command"]] if origin.get("command") else list(spec.get("commands", []))
+    if commands:
+        lines += ["- **Command**:", "", "  ```bash"]
+        lines += [f"  {command}" for command in commands]
+        lines += ["  ```"]
+    return [*lines, ""]
+
+
+def _entries(origin: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    entries = origin.get(key)
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 
 def _machine(spec: Mapping[str, Any], data: Mapping[str, Any]) -> str:
     parts = [str(spec["machine"])] if spec.get("machine") else []
     origin = data.get("provenance")
     if isinstance(origin, dict) and isinstance(origin.get("machine"), dict):
-        host = origin["machine"]
-        parts.append(f"{host.get('cpus', '-')} CPUs, {host.get('platform', '-')}")
-        versions = [f"{k} {host[k]}" for k in ("python", "torch", "flwr") if host.get(k)]
-        parts.append(", ".join(versions))
-        if host.get("load_average"):
-            parts.append("load average " + " / ".join(f"{x:.2f}" for x in host["load_average"]))
+        parts.append(_host(origin["machine"]))
     elif isinstance(data.get("machine"), dict):
         host = data["machine"]
         parts.append(f"{host.get('cpus', '-')} CPUs, Python {host.get('python', '-')}")
@@ -367,6 +388,19 @@ def _machine(spec: Mapping[str, Any], data: Mapping[str, Any]) -> str:
             end = " / ".join(f"{x:.2f}" for x in host.get("loadavg_end", []))
             parts.append(f"load average (1 / 5 / 15 min) {start} at the start, {end} at the end")
     return "; ".join(part for part in parts if part) or "-"
+
+
+def _host(host: Mapping[str, Any]) -> str:
+    """A :func:`fedsync.reports.provenance.machine` block in words."""
+    parts = [f"{host.get('cpus', '-')} CPUs, {host.get('platform', '-')}"]
+    parts.append(", ".join(f"{k} {host[k]}" for k in ("python", "torch", "flwr") if host.get(k)))
+    if host.get("load_average"):
+        load = " / ".join(f"{x:.2f}" for x in host["load_average"])
+        if host.get("load_average_end"):  # a benchmark that records both ends
+            end = " / ".join(f"{x:.2f}" for x in host["load_average_end"])
+            load = f"(1 / 5 / 15 min) {load} at the start, {end} at the end"
+        parts.append(f"load average {load}")
+    return "; ".join(part for part in parts if part)
 
 
 # --- formatting -------------------------------------------------------------------------------

@@ -8,9 +8,10 @@
 * a node sending corrupt and hostile updates: every one is rejected and counted, the
   model learns from the others.
 
-The authenticated kill, the resume and the hostile node run on both paths (``PATHS``):
-``stock`` nodes (``LocalDeployment``: a ClientApp process per message), then ``warm``
-ones (``WarmLocalDeployment``: ``fedsync-node``, a long-lived executor per node).
+The authenticated kill and the resume run on both paths (``PATHS``): ``stock`` nodes
+(``LocalDeployment``: a ClientApp process per message), then ``warm`` ones
+(``WarmLocalDeployment``: ``fedsync-node``, a long-lived executor per node). The hostile
+node runs on warm nodes only: the rejections are the ServerApp's, the same on either path.
 
 All runs are ``strategy=teasq clock=wall`` on digits with three SuperNodes, bounded by
 ``max-wall-time`` or ``max-aggregations``; every process is stopped by pid.

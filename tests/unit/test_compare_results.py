@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fedsync.reports.pages import PagesError, render_pages
 from fedsync.simulations.report import main, write_reports
 from fedsync.simulations.results import (
     EvalPoint,
@@ -145,10 +146,14 @@ def test_reports_are_rewritten_from_the_json_alone(tmp_path: Path) -> None:
     rebuilt = load_comparison(document)
     assert rebuilt.as_dict() == json.loads(json.dumps(written.as_dict()))
     assert main([str(tmp_path)]) == 0
-    again = json.loads((tmp_path / "comparison.json").read_text())
+    again = json.loads((tmp_path / "comparison.json").read_text(encoding="utf-8"))
     origin = again.pop("provenance")  # the rewrite adds only where it came from
-    assert origin["command"].startswith("python -m fedsync.simulations.report ")
-    assert {"commit", "date", "machine"} <= origin.keys() and "inputs" not in origin
+    # The runs recorded no provenance: the rewrite claims no command, commit or machine
+    # for them, and names only itself.
+    assert list(origin) == ["rewrites"]
+    (rewrite,) = origin["rewrites"]
+    assert rewrite["command"].startswith("python -m fedsync.simulations.report ")
+    assert set(rewrite) == {"command", "commit", "date"}
     assert again == document
     assert not rebuilt.all_completed and rebuilt.scenario.scale == 0.5
 
@@ -189,3 +194,94 @@ def test_runs_split_across_runners_make_one_report(tmp_path: Path) -> None:
     # Another scale, or a label twice, is refused.
     assert main([str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]) == 2
     assert main([str(tmp_path / "c"), "--scenario", "fmnist-ci"]) == 2  # nothing found
+
+
+def _origin(command: str, commit: str, cpus: int) -> dict[str, object]:
+    return {
+        "command": command,
+        "commit": commit,
+        "date": "2026-01-01T00:00:00+00:00",
+        "machine": {"cpus": cpus, "load_average": [0.5, 0.4, 0.3], "platform": "Linux"},
+    }
+
+
+def _merged_fixture(tmp_path: Path) -> tuple[Path, dict[str, object], dict[str, object]]:
+    """``a/comparison.json`` (fedavg, from one runner) and ``b/comparison.json`` (teasq,
+    from another), each with its runner's provenance."""
+    scenario = load_scenario("fmnist-ci").scaled(0.5)
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    first = _origin("python -m fedsync.simulations.compare fmnist-ci --only fedavg", "aaa1111", 2)
+    second = _origin("python -m fedsync.simulations.compare fmnist-ci --only teasq", "bbb2222", 8)
+    write_reports(build_comparison(scenario.only(["fedavg"]), [fedavg]), tmp_path / "a", first)
+    write_reports(build_comparison(scenario.only(["teasq"]), [teasq]), tmp_path / "b", second)
+    return tmp_path / "a", first, second
+
+
+def test_a_rewrite_keeps_the_provenance_of_the_runs(tmp_path: Path) -> None:
+    out, first, second = _merged_fixture(tmp_path)
+    assert main([str(out)]) == 0  # rewritten alone
+    assert main([str(out), "--add", str(tmp_path / "b" / "comparison.json")]) == 0
+    origin = json.loads((out / "comparison.json").read_text(encoding="utf-8"))["provenance"]
+    # The runs' command, commit, date and machine stay the result's, not the rewrite's.
+    assert {key: origin[key] for key in first} == first
+    assert origin["inputs"] == [{**second, "labels": ["teasq"]}]
+    assert len(origin["rewrites"]) == 2
+    for rewrite in origin["rewrites"]:
+        assert rewrite["command"].startswith("python -m fedsync.simulations.report ")
+        assert set(rewrite) == {"command", "commit", "date"}
+    assert "--add" in origin["rewrites"][1]["command"]
+
+
+def _page(tmp_path: Path, extra: str = "") -> str:
+    manifest = tmp_path / "sources.toml"
+    manifest.write_text(
+        '[[page]]\nname = "p"\ntitle = "T"\nsummary = "S"\ndescription = "D"\n'
+        '[[page.result]]\njson = "a/comparison.json"\nkind = "comparison"\n'
+        f'heading = "H"\ndescription = "D"\n{extra}',
+        encoding="utf-8",
+    )
+    return render_pages(tmp_path, manifest)["p.md"]
+
+
+def test_the_page_of_a_merged_report_names_every_input(tmp_path: Path) -> None:
+    out, _, _ = _merged_fixture(tmp_path)
+    assert main([str(out), "--add", str(tmp_path / "b" / "comparison.json")]) == 0
+    page = _page(tmp_path)
+    assert "commit `aaa1111`" in page and "2 CPUs, Linux" in page  # the result's own
+    merged = next(line for line in page.splitlines() if line.startswith("- **Merged in**"))
+    assert "`teasq`" in merged and "--only teasq" in merged and "`bbb2222`" in merged
+    assert "2026-01-01T00:00:00+00:00" in merged and "8 CPUs, Linux" in merged
+    assert "load average 0.50 / 0.40 / 0.30" in merged
+    assert "- **Report rewritten**: `python -m fedsync.simulations.report " in page
+
+
+def test_rows_rebuilt_from_run_folders_leave_the_commit_to_the_manifest(tmp_path: Path) -> None:
+    out, first, second = _merged_fixture(tmp_path)
+    assert main([str(out), "--add", str(tmp_path / "b" / "comparison.json")]) == 0
+    folder = tmp_path / "results" / "fedbuff"
+    folder.mkdir(parents=True)
+    entry = {"sim_time": 3.0, "cumulative_bytes_up": 10, "cumulative_bytes_down": 5}
+    summary = {"stop_reason": "max-aggregations", "final_accuracy": 0.95, "wall_seconds": 7.5}
+    (folder / "summary.json").write_text(
+        json.dumps({**summary, "evaluations": [{**entry, "accuracy": 0.95}]}), encoding="utf-8"
+    )
+    assert main([str(out), "--runs", str(tmp_path / "results")]) == 0
+    origin = json.loads((out / "comparison.json").read_text(encoding="utf-8"))["provenance"]
+    # fedbuff's run recorded nothing: no command, commit, date or machine is claimed for
+    # the whole result; fedavg's and teasq's runners keep theirs under inputs.
+    assert not {"command", "commit", "date", "machine"} & origin.keys()
+    assert origin["inputs"] == [
+        {**first, "labels": ["fedavg"]},
+        {**second, "labels": ["teasq"]},
+    ]
+    assert len(origin["rewrites"]) == 2
+    with pytest.raises(PagesError, match="does not say its commands"):
+        _page(tmp_path)
+    page = _page(
+        tmp_path,
+        'commands = ["python -m fedsync.simulations.compare fmnist-ci"]\n'
+        'commit = "ccc3333"\ndate = "2026-01-02"\n',
+    )
+    assert "- **Committed**: in `ccc3333` on 2026-01-02" in page
+    assert "`fedavg` from `python -m fedsync.simulations.compare fmnist-ci --only fedavg`" in page

@@ -11,6 +11,7 @@ into Markdown, at a heading GitHub gives that anchor.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_every_results_page_is_what_the_generator_writes() -> None:
         f"{', '.join(stale)} in {PAGES} differ from their sources: run "
         "`python -m fedsync.reports.pages` (edit docs/results/sources.toml, not the pages)"
     )
-    assert main(["--check"]) == 0
+    assert main(["--check", "--root", str(ROOT)]) == 0
 
 
 def test_the_pages_cover_the_headline_results() -> None:
@@ -74,7 +75,8 @@ def test_a_missing_json_fails_clearly(tmp_path: Path) -> None:
 def test_the_manifest_may_not_repeat_what_the_json_carries(tmp_path: Path) -> None:
     folder = tmp_path / "r"
     folder.mkdir()
-    document = json.loads((ROOT / "simulations/results/fmnist-ci/comparison.json").read_text())
+    path = ROOT / "simulations/results/fmnist-ci/comparison.json"
+    document = json.loads(path.read_text(encoding="utf-8"))
     document["provenance"] = {
         "command": "python -m fedsync.simulations.compare fmnist-ci",
         "commit": "abc1234",
@@ -101,6 +103,30 @@ description = "D"
     (tmp_path / "sources.toml").write_text(page + 'commit = "f00"\n', encoding="utf-8")
     with pytest.raises(PagesError, match=r"commit is in r/comparison\.json already"):
         render_pages(tmp_path, tmp_path / "sources.toml")
+    # A benchmark that records the load at both ends (benchmarks/deploy_overhead.py).
+    document["provenance"]["machine"]["load_average_end"] = [1.5, 1.0, 0.5]
+    (folder / "comparison.json").write_text(json.dumps(document), encoding="utf-8")
+    (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
+    text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
+    assert "0.50 / 0.40 / 0.30 at the start, 1.50 / 1.00 / 0.50 at the end" in text
+
+
+_CI_JSON = "simulations/results/fmnist-ci/comparison.json"
+
+
+@pytest.mark.parametrize(
+    "where",
+    [str(ROOT / _CI_JSON), f"../{ROOT.name}/{_CI_JSON}", "simulations/../../x.json"],
+    ids=["absolute", "out-and-back", "outside"],
+)
+def test_a_json_path_must_stay_inside_the_checkout(tmp_path: Path, where: str) -> None:
+    # The first two name a file that exists: the page would show it, from outside the root.
+    manifest = (ROOT / MANIFEST).read_text(encoding="utf-8")
+    moved = manifest.replace(f'json = "{_CI_JSON}"', f'json = "{where}"')
+    assert moved != manifest
+    (tmp_path / "sources.toml").write_text(moved, encoding="utf-8")
+    with pytest.raises(PagesError, match=r"page 'ci-scale', result 1: json = .* the checkout"):
+        render_pages(ROOT, tmp_path / "sources.toml")
 
 
 # --- links --------------------------------------------------------------------------------------
@@ -177,9 +203,58 @@ def test_the_readme_is_a_landing_page() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 200
     assert "docs/results/index.md" in readme and "docs/results.md" not in readme
-    # A figure the README quotes is a headline line of the generated index, with its link.
+
+
+# --- figures quoted from the results pages ------------------------------------------------------
+QUOTING = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+_FIGURE = re.compile(r"\d+(\.\d+)?x\b")
+
+
+@pytest.fixture(scope="module")
+def headlines() -> set[str]:
+    """The headline lines of the generated ``index.md``, links relative to its folder."""
     index = render_pages(ROOT)["index.md"]
-    for line in readme.splitlines():
-        if "](docs/results/" in line and re.search(r"\d+(\.\d+)?x\b", line):
-            quoted = line.lstrip("-* ").replace("](docs/results/", "](")
-            assert quoted in index, f"README quotes a figure that no results page has: {line}"
+    return {line for line in index.splitlines() if line.startswith("- [")}
+
+
+def quoted_figures(path: Path, pages: Path = ROOT / PAGES) -> list[str]:
+    """The lines of a Markdown file that link a results page (in ``pages``) and state a
+    figure (``7.29x``), as list items with their links made relative to ``pages``, as the
+    headlines of ``index.md`` are."""
+    prefix = Path(os.path.relpath(pages, path.parent)).as_posix() + "/"
+    text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+    return [
+        "- " + line.lstrip("-* ").replace(f"]({prefix}", "](")
+        for line in text.splitlines()
+        if f"]({prefix}" in line and _FIGURE.search(line)
+    ]
+
+
+def test_quoted_figures_are_found(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "a.md"
+    doc.write_text(
+        "- [T](results/p.md#h): `a` against `b`: 2.00x sooner.\n"
+        "See [the page](results/p.md) for the rest; 3x is not in this line's link.\n"
+        "[a page](results/p.md) says 1.5x.\n"
+        "```\n[T](results/p.md#h): 9.00x in a fence\n```\n",
+        encoding="utf-8",
+    )
+    assert quoted_figures(doc, tmp_path / "docs" / "results") == [
+        "- [T](p.md#h): `a` against `b`: 2.00x sooner.",
+        "- See [the page](p.md) for the rest; 3x is not in this line's link.",
+        "- [a page](p.md) says 1.5x.",
+    ]
+    assert quoted_figures(tmp_path / "docs" / "a.md", tmp_path / "other") == []
+
+
+@pytest.mark.parametrize("path", QUOTING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_quoted_figure_is_a_generated_headline(path: Path, headlines: set[str]) -> None:
+    # A figure a document quotes next to a link into docs/results/ is a headline line of
+    # the generated index, word for word, with its link: it changes when the JSON does.
+    for line in quoted_figures(path):
+        assert line in headlines, (
+            f"{path.relative_to(ROOT)} quotes a figure that is no headline of "
+            f"docs/results/index.md (quote the generated line, or link without the figure): "
+            f"{line}"
+        )
