@@ -167,9 +167,10 @@ def codec_names() -> dict[str, list[str]]:
     Returns
     -------
     dict of str to list of str
-        ``{"sparsifier": [...], "quantizer": [...], "feedback": [...]}``, each sorted
-        (aliases included). A spec is ``sparsifier[+quantizer][+feedback]``, each stage
-        ``name[:args]`` (grammar: :mod:`fedsync.compression.spec`).
+        ``{"sparsifier": [...], "rotation": [...], "quantizer": [...], "feedback":
+        [...]}``, each sorted (aliases included). A spec is
+        ``sparsifier[+rotation][+quantizer][+feedback]``, each stage ``name[:args]``
+        (grammar: :mod:`fedsync.compression.spec`).
     """
     return {kind: REGISTRY.names(kind) for kind in STAGE_ORDER}
 

@@ -165,12 +165,17 @@ class CompressedTensor:
         A device tensor on a sender whose kernels run on a device.
     values : QuantizedValues
         One code per kept position.
+    seed : int or None
+        The frame seed a seeded rotation (``rht``) of the values was drawn from, in
+        ``[0, 2**64)``; ``None`` without one. Every tensor of a frame has the same,
+        and the frame carries it once.
     """
 
     spec: TensorSpec
     index_mode: IndexMode
     indices: Array | None
     values: QuantizedValues
+    seed: int | None = None
 
 
 @dataclass

@@ -11,9 +11,15 @@ Users normally go through :class:`fedsync.codec.UpdateCodec`, which adds the wir
 format, seeds, state export and statistics.
 """
 
-from fedsync.compression import quantizers, sparsifiers
-from fedsync.compression.base import Kept, Quantizer, Sparsifier, target_count
-from fedsync.compression.config import BuildContext, QuantizerConfig, SparsifierConfig, StageConfig
+from fedsync.compression import quantizers, rotations, sparsifiers
+from fedsync.compression.base import Kept, Quantizer, Rotation, Sparsifier, target_count
+from fedsync.compression.config import (
+    BuildContext,
+    QuantizerConfig,
+    RotationConfig,
+    SparsifierConfig,
+    StageConfig,
+)
 from fedsync.compression.demo_memory import DeMoConfig, DeMoFeedback
 from fedsync.compression.error_feedback import (
     ErrorFeedback,
@@ -39,6 +45,7 @@ from fedsync.compression.quantizers import (
     UniformConfig,
 )
 from fedsync.compression.registry import REGISTRY, StageRegistry, register
+from fedsync.compression.rotations import RandomizedHadamard, RHTConfig
 from fedsync.compression.seeding import derive_seed, rng_for
 from fedsync.compression.sparsifiers import (
     DCTConfig,
@@ -80,7 +87,11 @@ __all__ = [
     "QSGDConfig",
     "Quantizer",
     "QuantizerConfig",
+    "RHTConfig",
     "RandomKConfig",
+    "RandomizedHadamard",
+    "Rotation",
+    "RotationConfig",
     "SIDCoConfig",
     "SignConfig",
     "Sparsifier",
@@ -102,6 +113,7 @@ __all__ = [
     "quantizers",
     "register",
     "rng_for",
+    "rotations",
     "sparsifiers",
     "target_count",
 ]

@@ -1,9 +1,11 @@
-"""The two component contracts: a sparsifier picks positions, a quantizer codes values.
+"""The component contracts: a sparsifier picks positions, a quantizer codes values,
+and an optional rotation between them maps the kept values to ones that quantize better.
 
-Both work on one flat float32 tensor at a time, on whatever device it lives, and call
-device kernels only through :func:`fedsync.kernels.dispatch.backend_for`. Neither keeps
-anything about a tensor between calls except what it declares as state (SIDCo's
-stage count), which the codec can export with the error-feedback residuals.
+Each works on one flat float32 tensor at a time, on whatever device it lives, and calls
+device kernels only through :func:`fedsync.kernels.dispatch.backend_for` (a rotation
+only through torch ops). None keeps anything about a tensor between calls except what
+it declares as state (SIDCo's stage count), which the codec can export with the
+error-feedback residuals.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from fedsync.compression.config import QuantizerConfig, SparsifierConfig
+from fedsync.compression.config import QuantizerConfig, RotationConfig, SparsifierConfig
 from fedsync.compression.errors import CodecMismatch, NonFiniteUpdate
 from fedsync.updates import IndexMode, QuantizedValues, TensorSpec, host_array
 
-__all__ = ["Kept", "Quantizer", "Sparsifier", "expect_params", "target_count"]
+__all__ = ["Kept", "Quantizer", "Rotation", "Sparsifier", "expect_params", "target_count"]
 
 
 def target_count(numel: int, density: float) -> int:
@@ -106,6 +108,31 @@ class Sparsifier(ABC):
             f"{self.config.name} sends explicit positions (index mode "
             f"{self.index_mode(spec)!r}), not a shared mask"
         )
+
+
+class Rotation(ABC):
+    """An orthonormal, seeded map of a tensor's kept values, applied between the
+    sparsifier and the quantizer and undone by the receiver after it dequantizes.
+
+    It keeps the count (the frame carries as many codes as without it) and the
+    positions; only the values change. Its randomness comes from the *frame seed*,
+    which the frame carries once (see :mod:`fedsync.wire.layout`), and the tensor's
+    name, so the receiver rebuilds the same map without it ever travelling.
+    """
+
+    config: RotationConfig
+
+    def __init__(self, config: RotationConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def rotate(self, name: str, values: torch.Tensor, seed: int) -> torch.Tensor:
+        """The rotated 1-d float32 ``values`` of tensor ``name`` (a new tensor on the
+        values' device, the same length) under the frame seed ``seed``."""
+
+    @abstractmethod
+    def unrotate(self, name: str, values: torch.Tensor, seed: int) -> torch.Tensor:
+        """The inverse of :meth:`rotate` (a new tensor; the input is not changed)."""
 
 
 class Quantizer(ABC):

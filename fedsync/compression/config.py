@@ -24,13 +24,14 @@ import torch
 from fedsync.compression.errors import SpecError
 
 if TYPE_CHECKING:
-    from fedsync.compression.base import Quantizer, Sparsifier
+    from fedsync.compression.base import Quantizer, Rotation, Sparsifier
 
 __all__ = [
     "MAX_STAGE_INT",
     "STAGE_ORDER",
     "BuildContext",
     "QuantizerConfig",
+    "RotationConfig",
     "SparsifierConfig",
     "StageConfig",
     "StageKind",
@@ -44,10 +45,11 @@ MAX_STAGE_INT = (1 << 63) - 1
 """Largest magnitude of an integer stage field: the kernels take them as int64, so
 the spec parser and the configs reject anything wider before it reaches one."""
 
-StageKind = Literal["sparsifier", "quantizer", "feedback"]
-"""The three slots of a pipeline, in the order a spec lists them."""
+StageKind = Literal["sparsifier", "rotation", "quantizer", "feedback"]
+"""The slots of a pipeline, in the order a spec lists them (only the rotation may be
+left out of a canonical spec: see :mod:`fedsync.compression.spec`)."""
 
-STAGE_ORDER: tuple[StageKind, ...] = ("sparsifier", "quantizer", "feedback")
+STAGE_ORDER: tuple[StageKind, ...] = ("sparsifier", "rotation", "quantizer", "feedback")
 
 
 def check_range(
@@ -140,6 +142,18 @@ class SparsifierConfig(StageConfig):
         if "density" not in {f.name for f in dataclasses.fields(self)}:
             raise SpecError(f"{self.name}: this sparsifier has no density to override")
         return dataclasses.replace(self, density=density)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class RotationConfig(StageConfig):
+    """Base of rotation configs (an orthonormal map of the kept values before they are
+    quantized, undone by the receiver after it dequantizes them)."""
+
+    kind: ClassVar[StageKind] = "rotation"
+
+    @abstractmethod
+    def build(self, context: BuildContext) -> Rotation:
+        """Make the rotation this config describes."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A sparsifier followed by a quantizer, per tensor and per update, and its inverse.
+"""A sparsifier, an optional rotation and a quantizer, per tensor and per update, and
+its inverse.
 
 :class:`Pipeline` is the stateless compressor: ``compress`` turns one flat float32
 tensor into the :class:`~fedsync.updates.CompressedTensor` the wire format packs,
@@ -13,6 +14,11 @@ CUDA, or torch ops anywhere) positions, codes and params are tensors on the upda
 device until the wire encoder writes the frame, and what the receiver will decode
 (:meth:`Pipeline.sent`, which error feedback subtracts) is computed there from those
 codes. With the host backend (numba on CPU) they are numpy views of the same memory.
+
+A rotation (``rht``) maps the kept values before they are quantized; the receiver
+dequantizes and undoes it. Its randomness comes from a frame seed derived from the
+call's seed, which every tensor carries (:attr:`CompressedTensor.seed`) and the frame
+stores once.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedsync.compression.base import Quantizer, Sparsifier
+from fedsync.compression.base import Quantizer, Rotation, Sparsifier
 from fedsync.compression.config import BuildContext
 from fedsync.compression.errors import CodecMismatch, NonFiniteInputError, NonFiniteUpdate
 from fedsync.compression.seeding import derive_seed
@@ -114,21 +120,29 @@ class Compressor(Protocol):
 
 
 class Pipeline:
-    """Sparsify, then quantize; stateless across calls (but see ``sparsifier.state``).
+    """Sparsify, rotate (optionally), then quantize; stateless across calls (but see
+    ``sparsifier.state``).
 
     Parameters
     ----------
     sparsifier : Sparsifier
     quantizer : Quantizer
+    rotation : Rotation, optional
+        Applied to the kept values before the quantizer; default none.
     """
 
-    def __init__(self, sparsifier: Sparsifier, quantizer: Quantizer) -> None:
+    def __init__(
+        self, sparsifier: Sparsifier, quantizer: Quantizer, rotation: Rotation | None = None
+    ) -> None:
         if not isinstance(sparsifier, Sparsifier):
             raise TypeError(f"sparsifier must be a Sparsifier, got {type(sparsifier).__name__}")
         if not isinstance(quantizer, Quantizer):
             raise TypeError(f"quantizer must be a Quantizer, got {type(quantizer).__name__}")
+        if rotation is not None and not isinstance(rotation, Rotation):
+            raise TypeError(f"rotation must be a Rotation, got {type(rotation).__name__}")
         self.sparsifier = sparsifier
         self.quantizer = quantizer
+        self.rotation = rotation
 
     # -- sender ------------------------------------------------------------------------
 
@@ -144,6 +158,13 @@ class Pipeline:
         values = kept.values
         if values.numel() and not backend_for(values).all_finite(values):
             raise NonFiniteInputError(f"tensor {spec.name!r} holds NaN or Inf")
+        frame_seed = None
+        if self.rotation is not None:
+            # One seed per call, not per tensor: the frame carries it once.
+            frame_seed = derive_seed(seed, "rotation")
+            values = self.rotation.rotate(spec.name, values, frame_seed)
+            if values.numel() and not backend_for(values).all_finite(values):
+                raise NonFiniteInputError(f"tensor {spec.name!r} overflows float32 when rotated")
         quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
         q = quantizer.quantize(values, derive_seed(seed, spec.name, "quantize"))
         indices: np.ndarray | torch.Tensor | None = None
@@ -155,7 +176,8 @@ class Pipeline:
             indices = kept_at.numpy() if backend_for(x).host else kept_at
         # A transform's values land everywhere once inverted (see ``sent``).
         positions = None if isinstance(self.sparsifier, TransformSparsifier) else kept.positions
-        return Compressed(CompressedTensor(spec, kept.mode, indices, q), positions, x.device)
+        tensor = CompressedTensor(spec, kept.mode, indices, q, seed=frame_seed)
+        return Compressed(tensor, positions, x.device)
 
     def sent(self, compressed: Compressed) -> torch.Tensor:
         """What the receiver decodes from ``compressed`` (same function it runs); for a
@@ -163,6 +185,9 @@ class Pipeline:
         tensor = compressed.tensor
         quantizer = self.sparsifier.quantizer_for(tensor.spec, self.quantizer)
         values = quantizer.decode(tensor.values, compressed.device)
+        if self.rotation is not None:
+            assert tensor.seed is not None
+            values = self.rotation.unrotate(tensor.spec.name, values, tensor.seed)
         if tensor.index_mode == "lowrank":
             p, q = split_factors(tensor.spec, values)
             return (p @ q.T).reshape(-1)
@@ -188,13 +213,14 @@ class Pipeline:
         Raises
         ------
         CodecMismatch
-            Index mode, count, scheme, bits, params or codes that this pipeline would
-            not produce.
+            Index mode, count, scheme, bits, params, codes or a frame seed (present
+            without a rotation, missing with one) that this pipeline would not produce.
         NonFiniteUpdate
             A decoded value (or param) that is NaN or Inf.
         """
         spec = tensor.spec
         label = repr(spec.name)
+        self._check_seed(tensor, label)
         mode = self.sparsifier.index_mode(spec)
         if tensor.index_mode != mode:
             raise CodecMismatch(
@@ -259,6 +285,7 @@ class Pipeline:
         values = quantizer.dequantize(tensor.values, device, tensor=spec.name)
         if values.numel() and not backend_for(values).all_finite(values):
             raise NonFiniteUpdate("decoded values hold NaN or Inf", tensor=label)
+        values = self._unrotate(tensor, values, label)
         if positions is None:
             index = torch.arange(spec.numel, dtype=torch.int64, device=device)
         else:
@@ -298,6 +325,9 @@ class Pipeline:
             )
         quantizer = self.sparsifier.quantizer_for(spec, self.quantizer)
         values = quantizer.dequantize(tensor.values, device, tensor=spec.name)
+        if self.rotation is not None and not backend_for(values).all_finite(values):
+            raise NonFiniteUpdate("decoded values hold NaN or Inf", tensor=label)
+        values = self._unrotate(tensor, values, label)
         p, q = split_factors(spec, values)
         for field, factor in (("P", p), ("Q", q)):
             if not backend_for(factor).all_finite(factor.reshape(-1)):
@@ -305,6 +335,33 @@ class Pipeline:
                     f"factor {field} holds NaN or Inf", field=f"factor {field}", tensor=label
                 )
         return LowRankTensor(spec, p, q)
+
+    def _check_seed(self, tensor: CompressedTensor, label: str) -> None:
+        """A frame seed exactly when this pipeline rotates (checked before anything is
+        allocated for the tensor)."""
+        if (tensor.seed is None) != (self.rotation is None):
+            raise CodecMismatch(
+                "a rotation needs the frame seed, and only a rotation uses one",
+                field="seed",
+                tensor=label,
+                expected="a frame seed" if self.rotation is not None else "none",
+                got="none" if tensor.seed is None else "a frame seed",
+            )
+
+    def _unrotate(self, tensor: CompressedTensor, values: torch.Tensor, label: str) -> torch.Tensor:
+        """Undo the rotation of finite dequantized ``values`` (no-op without one).
+
+        The work is ``O(count log block)`` and the memory the output plus a few slabs
+        (see :mod:`fedsync.compression.rotations.hadamard`): bounded by the value count
+        the caller has already checked against the spec and the frame's limits.
+        """
+        if self.rotation is None or not values.numel():
+            return values
+        assert tensor.seed is not None
+        values = self.rotation.unrotate(tensor.spec.name, values, tensor.seed)
+        if not backend_for(values).all_finite(values):
+            raise NonFiniteUpdate("the inverse rotation overflows float32", tensor=label)
+        return values
 
     def decompress_update(
         self, tensors: list[CompressedTensor], device: torch.device | str = "cpu"
@@ -347,4 +404,5 @@ def build_pipeline(config: PipelineConfig, context: BuildContext | None = None) 
     """The (stateless) pipeline of ``config``; error feedback is wrapped separately."""
     context = context or BuildContext()
     assert config.sparsifier is not None and config.quantizer is not None
-    return Pipeline(config.sparsifier.build(context), config.quantizer.build(context))
+    rotation = config.rotation.build(context) if config.rotation is not None else None
+    return Pipeline(config.sparsifier.build(context), config.quantizer.build(context), rotation)

@@ -5,7 +5,7 @@ Grammar
 ::
 
     spec   := stage ("+" stage)*         at most one of each kind, in the order
-                                          sparsifier, quantizer, feedback
+                                          sparsifier, rotation, quantizer, feedback
     stage  := name [":" args]
     args   := arg ("," arg)*
     arg    := value | key "=" value       a bare value (first only) sets the stage's
@@ -14,8 +14,8 @@ Grammar
     value  := [A-Za-z0-9_.-]+             int, float, bool (true/false/on/off/1/0)
                                           or a word, by the field's type
 
-A missing sparsifier means ``none`` (dense), a missing quantizer ``fp32``; ``none``
-in the quantizer slot is ``fp32``. Examples::
+A missing sparsifier means ``none`` (dense), a missing quantizer ``fp32``, a missing
+rotation none; ``none`` in the quantizer slot is ``fp32``. Examples::
 
     topk:0.01+uniform:8+ef
     dgc:0.001,sample=0.01+qsgd:16+ef:momentum=0.9
@@ -23,11 +23,12 @@ in the quantizer slot is ``fp32``. Examples::
     none+fp16
     mask:0.1,seed=3+uniform:4
     powersgd:4,min_rate=2.0,fallback=fp16+uniform:8+ef
+    none+rht+uniform:4+ef
 
 The canonical form (what :func:`format_spec` writes and the frame carries) names the
-sparsifier and the quantizer always, the primary value always, other keys only when
-they differ from their defaults, in field order; floats as Python's shortest
-round-trip ``repr``. ``format_spec(parse_spec(s))`` is idempotent and
+sparsifier and the quantizer always, the rotation when there is one, the primary
+value always, other keys only when they differ from their defaults, in field order;
+floats as Python's shortest round-trip ``repr``. ``format_spec(parse_spec(s))`` is idempotent and
 ``parse_spec(format_spec(c)) == c``.
 """
 
@@ -45,6 +46,7 @@ from fedsync.compression.config import (
     MAX_STAGE_INT,
     STAGE_ORDER,
     QuantizerConfig,
+    RotationConfig,
     SparsifierConfig,
     StageConfig,
     StageKind,
@@ -105,7 +107,7 @@ def _convert(stage: str, key: str, text: str, annotation: Any) -> Any:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """A sparsifier, a quantizer and optional error feedback.
+    """A sparsifier, an optional rotation, a quantizer and optional error feedback.
 
     Parameters
     ----------
@@ -114,7 +116,11 @@ class PipelineConfig:
     quantizer : QuantizerConfig, optional
         Default: ``fp32`` (raw float32 bits).
     feedback : ErrorFeedbackConfig, optional
-        Error feedback around the two; default none.
+        Error feedback around the others; default none.
+    rotation : RotationConfig, optional
+        A rotation of the kept values before they are quantized (``rht``); default
+        none. Last so the three older fields keep their positions; a spec lists it
+        between the sparsifier and the quantizer.
 
     Examples
     --------
@@ -126,6 +132,7 @@ class PipelineConfig:
     sparsifier: SparsifierConfig | None = None
     quantizer: QuantizerConfig | None = None
     feedback: ErrorFeedbackConfig | None = None
+    rotation: RotationConfig | None = None
 
     def __post_init__(self) -> None:
         if self.sparsifier is None:
@@ -134,6 +141,7 @@ class PipelineConfig:
             object.__setattr__(self, "quantizer", REGISTRY.lookup("fp32", "quantizer")())
         for slot, value in (
             ("sparsifier", self.sparsifier),
+            ("rotation", self.rotation),
             ("quantizer", self.quantizer),
             ("feedback", self.feedback),
         ):
@@ -143,7 +151,12 @@ class PipelineConfig:
     @property
     def stages(self) -> tuple[StageConfig, ...]:
         """The configured stages in spec order."""
-        parts: list[StageConfig | None] = [self.sparsifier, self.quantizer, self.feedback]
+        parts: list[StageConfig | None] = [
+            self.sparsifier,
+            self.rotation,
+            self.quantizer,
+            self.feedback,
+        ]
         return tuple(p for p in parts if p is not None)
 
     @classmethod
@@ -247,6 +260,7 @@ def parse_spec(spec: str) -> PipelineConfig:
         sparsifier=found.get("sparsifier"),  # type: ignore[arg-type]
         quantizer=found.get("quantizer"),  # type: ignore[arg-type]
         feedback=found.get("feedback"),  # type: ignore[arg-type]
+        rotation=found.get("rotation"),  # type: ignore[arg-type]
     )
 
 

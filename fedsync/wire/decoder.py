@@ -1,13 +1,13 @@
 """Decoding a frame, trusting nothing.
 
 Order of checks: the payload size against the limits, magic, version, declared
-length, CRC-32; then the codec description (against the one the receiver expects,
-when it names one); then the schema (the digest against the receiver's specs, or the
-tensor table, each count against the limits); then the format table and every
-tensor entry, field by field, each count against the limits and the tensor's
-shape; then that the data part has exactly the bytes the table implies. Only then
-are sections decoded, by kernels whose every read and write the table checks have
-already put in range. Any fault raises a
+length, CRC-32, flags; then the codec description (against the one the receiver
+expects, when it names one) and the frame seed, if the flags say one follows; then the
+schema (the digest against the receiver's specs, or the tensor table, each count
+against the limits); then the format table and every tensor entry, field by field,
+each count against the limits and the tensor's shape; then that the data part has
+exactly the bytes the table implies. Only then are sections decoded, by kernels whose
+every read and write the table checks have already put in range. Any fault raises a
 :class:`~fedsync.wire.PayloadError` subclass naming it. The byte layout is
 documented in :mod:`fedsync.wire.layout`.
 """
@@ -56,7 +56,9 @@ from fedsync.wire.index_coding import (
     rice_nbytes_bounds,
 )
 from fedsync.wire.layout import (
+    FLAG_SEED,
     FLAG_TABLE,
+    FLAGS_KNOWN,
     FORMAT_VERSION,
     HEADER,
     HEADER_BYTES,
@@ -400,9 +402,9 @@ def _as_view(payload: bytes | bytearray | memoryview | np.ndarray) -> memoryview
     return view.cast("B")
 
 
-def _check_envelope(view: memoryview, limits: FrameLimits) -> bool:
-    """Size, magic, version, declared length and checksum: cheap checks first.
-    Returns whether the tensor table travels."""
+def _check_envelope(view: memoryview, limits: FrameLimits) -> int:
+    """Size, magic, version, declared length, checksum and flags: cheap checks first.
+    Returns the flags."""
     size = len(view)
     if size > limits.max_payload_bytes:
         raise LimitExceeded(
@@ -452,17 +454,17 @@ def _check_envelope(view: memoryview, limits: FrameLimits) -> bool:
             expected=f"{actual:#010x}",
             got=f"{stored:#010x}",
         )
-    if flags & ~FLAG_TABLE:
+    if flags & ~FLAGS_KNOWN:
         raise MalformedField(
             "reserved flag bits must be 0 in version 2",
             field="flags",
-            expected=f"only {FLAG_TABLE:#04x}",
+            expected=f"only bits of {FLAGS_KNOWN:#04x}",
             got=f"{flags:#04x}",
         )
-    return bool(flags & FLAG_TABLE)
+    return int(flags)
 
 
-def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
+def _decode_data(reader: Reader, entry: _Entry, seed: int | None) -> CompressedTensor:
     label = entry.label
     params: dict[str, Array] = {}
     for name, length in entry.params:
@@ -488,7 +490,7 @@ def _decode_data(reader: Reader, entry: _Entry) -> CompressedTensor:
         )
     codes = bitpack.unpack_bits(packed, entry.count, entry.bits, code_dtype(entry.bits))
     values = QuantizedValues(entry.scheme, entry.bits, codes, params)
-    return CompressedTensor(entry.spec, entry.mode, indices, values)  # type: ignore[arg-type]
+    return CompressedTensor(entry.spec, entry.mode, indices, values, seed)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -603,16 +605,26 @@ def _read_schema(
     return canonical(expected)
 
 
+@dataclass
+class _Table:
+    """A frame's checked table: what precedes the data part."""
+
+    codec: str
+    seed: int | None
+    entries: list[_Entry]
+    reader: Reader
+    """At the data part, which has exactly the bytes the entries imply."""
+
+
 def _parse_table(
     payload: bytes | bytearray | memoryview | np.ndarray,
     limits: FrameLimits,
     expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
     expected_codec: str | None = None,
-) -> tuple[str, list[_Entry], Reader]:
-    """Check the envelope, the codec, the schema and the whole table; return a reader
-    at the data part, which is known to have exactly the bytes the table implies."""
+) -> _Table:
+    """Check the envelope, the codec, the seed, the schema and the whole table."""
     view = _as_view(payload)
-    table = _check_envelope(view, limits)
+    flags = _check_envelope(view, limits)
     reader = Reader(view, HEADER_BYTES, len(view) - TRAILER_BYTES)
     codec = reader.text("codec", limits.max_codec_length, "max_codec_length")
     if expected_codec is not None and codec != expected_codec:
@@ -622,8 +634,9 @@ def _parse_table(
             expected=repr(expected_codec),
             got=repr(codec),
         )
+    seed = reader.u64("seed") if flags & FLAG_SEED else None
     want = as_spec_list(expected) if expected is not None else None
-    specs = _read_schema(reader, table, want, limits)
+    specs = _read_schema(reader, bool(flags & FLAG_TABLE), want, limits)
     formats = _read_formats(reader, len(specs), limits)
 
     entries: list[_Entry] = []
@@ -667,7 +680,7 @@ def _parse_table(
             expected=f"{needed} bytes",
             got=f"{reader.remaining} bytes",
         )
-    return codec, entries, reader
+    return _Table(codec, seed, entries, reader)
 
 
 def decode_frame(
@@ -702,7 +715,8 @@ def decode_frame(
         The codec description.
     tensors : list of CompressedTensor
         The tensors in frame order (a digest-only frame's are sorted by name; see
-        the module docstring for the dtypes).
+        the module docstring for the dtypes), each with the frame seed when the
+        frame carries one (``seed``, else ``None``).
 
     Raises
     ------
@@ -711,8 +725,8 @@ def decode_frame(
         for any payload that is not a valid frame within ``limits``. Nothing else
         escapes for bad bytes.
     """
-    codec, entries, reader = _parse_table(payload, limits, expected, expected_codec)
-    return codec, [_decode_data(reader, entry) for entry in entries]
+    table = _parse_table(payload, limits, expected, expected_codec)
+    return table.codec, [_decode_data(table.reader, e, table.seed) for e in table.entries]
 
 
 def inspect_frame(
@@ -740,7 +754,7 @@ def inspect_frame(
         As :func:`decode_frame` (which also explains ``expected``), for faults in
         the envelope or table.
     """
-    codec, entries, _ = _parse_table(payload, limits, expected)
+    table = _parse_table(payload, limits, expected)
     layouts = [
         TensorLayout(
             spec=entry.spec,
@@ -754,6 +768,6 @@ def inspect_frame(
             codes_nbytes=codes_nbytes(entry.count, entry.bits),
             params_nbytes=sum(4 * length for _, length in entry.params),
         )
-        for entry in entries
+        for entry in table.entries
     ]
-    return codec, layouts
+    return table.codec, layouts

@@ -37,12 +37,14 @@ from fedsync.wire.index_coding import (
     encode_indices,
 )
 from fedsync.wire.layout import (
+    FLAG_SEED,
     FLAG_TABLE,
     FORMAT_VERSION,
     HEADER,
     HEADER_BYTES,
     MAGIC,
     MAX_BITS,
+    SEED,
     TRAILER,
     TRAILER_BYTES,
     code_dtype,
@@ -243,6 +245,20 @@ def _write_formats(
     return index, fixed
 
 
+def _frame_seed(tensors: Sequence[CompressedTensor], labels: Sequence[str]) -> int | None:
+    """The seed every tensor carries (the frame stores it once), or ``None``."""
+    seed = tensors[0].seed if tensors else None
+    for label, tensor in zip(labels, tensors, strict=True):
+        if tensor.seed != seed:
+            raise ValueError(
+                f"{label}: frame seed {tensor.seed!r} differs from the first tensor's "
+                f"{seed!r}; the tensors of a frame carry one seed, or none"
+            )
+    if seed is not None and (not isinstance(seed, int | np.integer) or not 0 <= seed < 1 << 64):
+        raise ValueError(f"the frame seed must be an int in [0, 2**64), got {seed!r}")
+    return None if seed is None else int(seed)
+
+
 def encode_frame(
     codec: str,
     tensors: Sequence[CompressedTensor],
@@ -257,7 +273,8 @@ def encode_frame(
     codec : str
         The codec description (the compressor's spec string), stored verbatim.
     tensors : sequence of CompressedTensor
-        The tensors; names must be unique.
+        The tensors; names must be unique. Their ``seed`` (a rotation's frame seed:
+        the same for all, or ``None`` for all) travels once.
     index_coding : str, optional
         Force one coding (``"dense"``, ``"bitmap"``, ``"elias_fano"``, ``"rice"``,
         ``"context"``) for every explicit index set, e.g. to compare codings; by
@@ -283,8 +300,9 @@ def encode_frame(
     ValueError
         If a tensor breaks its contract (unknown dtype or scheme, bits outside
         1..32, a code wider than ``bits``, indices unsorted or out of range,
-        counts that disagree with the index mode, duplicate names) or ``schema``
-        is unknown; the message names the tensor.
+        counts that disagree with the index mode, duplicate names, a frame seed
+        that is not every tensor's) or ``schema`` is unknown; the message names the
+        tensor.
     """
     if not isinstance(codec, str):
         raise ValueError(f"codec must be a str, got {type(codec).__name__}")
@@ -298,6 +316,7 @@ def encode_frame(
         if tensor.spec.name in seen:
             raise ValueError(f"{label}: duplicate tensor name")
         seen.add(tensor.spec.name)
+    seed = _frame_seed(tensors, labels)
     for label, entry in zip(labels, stage_tensors(tensors, labels), strict=True):
         tensor = entry.tensor
         numel = math.prod(int(d) for d in tensor.spec.shape)
@@ -310,6 +329,8 @@ def encode_frame(
 
     table, data = Writer(), Writer()
     table.text(codec)
+    if seed is not None:
+        table.raw(SEED.pack(seed))
     _write_schema(table, prepared, schema)
     formats, fixed = _write_formats(table, prepared)
     for p in prepared:
@@ -332,7 +353,7 @@ def encode_frame(
         data.raw(p.section)
         data.raw(p.packed.data)
 
-    flags = FLAG_TABLE if schema == "table" else 0
+    flags = (FLAG_TABLE if schema == "table" else 0) | (FLAG_SEED if seed is not None else 0)
     length = HEADER_BYTES + table.size + data.size + TRAILER_BYTES
     header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, length)
     crc = zlib.crc32(header)

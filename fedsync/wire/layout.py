@@ -14,11 +14,14 @@ size       field     meaning
 ========== ========= ============================================================
 4          magic     ``b"FSYN"``
 1          version   format version, 2
-1          flags     bit 0 (``FLAG_TABLE``): the tensor table travels; others 0
+1          flags     bit 0 (``FLAG_TABLE``): the tensor table travels; bit 1
+                     (``FLAG_SEED``): the frame seed travels; others 0
 8 (u64)    length    total frame bytes, this header and the checksum included
 text       codec     codec description (at most ``max_codec_length`` bytes)
-...        schema    flag clear: the 8-byte schema digest; the tensors are the
-                     receiver's specs in name order. Flag set: varint tensor count,
+[8 (u64)]  seed      only with ``FLAG_SEED``: the frame seed a seeded rotation of
+                     the values (``rht``) derives each tensor's signs from
+...        schema    ``FLAG_TABLE`` clear: the 8-byte schema digest; the tensors are
+                     the receiver's specs in name order. Set: varint tensor count,
                      then per tensor ``text`` name, 1 dtype (1 float32, 2 float16,
                      3 bfloat16, 4 float64), 1 ndim, ndim varint dimensions
 ...        formats   varint format count (at most the tensor count), then per
@@ -53,6 +56,12 @@ the factors ``P`` (m x r) then ``Q`` (n x r), each row-major, and the tensor is
 number in ``1..min(m, n)``. No index section (coding 0); params and codes as in
 every other mode (one quantizer over the ``r * (m + n)`` factor values).
 
+The frame seed (added within version 2; frames without ``FLAG_SEED`` are byte for byte
+what they were, and a decoder from before the flag rejects a seeded frame as a
+reserved flag bit) is 8 bytes per frame whatever the tensor count: the rotation's
+signs are a hash of it, the tensor's name and the position, never sent. The codec
+description says whether a frame must have one; the codec, not the wire, checks that.
+
 Every size in the data part follows from the table, so the decoder checks the
 whole table and that the data part has exactly the bytes it implies *before* it
 decodes (or allocates for) any tensor.
@@ -71,12 +80,15 @@ import numpy as np
 from fedsync.kernels import bitpack
 
 __all__ = [
+    "FLAGS_KNOWN",
+    "FLAG_SEED",
     "FLAG_TABLE",
     "FORMAT_VERSION",
     "HEADER",
     "HEADER_BYTES",
     "MAGIC",
     "MAX_BITS",
+    "SEED",
     "TRAILER",
     "TRAILER_BYTES",
     "code_dtype",
@@ -87,6 +99,10 @@ MAGIC = b"FSYN"
 FORMAT_VERSION = 2
 FLAG_TABLE = 0x01
 """Header flag: the tensor table travels (else only the schema digest)."""
+FLAG_SEED = 0x02
+"""Header flag: an 8-byte frame seed follows the codec description."""
+FLAGS_KNOWN = FLAG_TABLE | FLAG_SEED
+"""Every flag bit this version defines; the others must be 0."""
 HEADER_BYTES = 14
 """Magic, version, flags and the u64 frame length."""
 TRAILER_BYTES = 4
@@ -96,6 +112,8 @@ MAX_BITS = 32
 
 HEADER = struct.Struct("<4sBBQ")
 TRAILER = struct.Struct("<I")
+SEED = struct.Struct("<Q")
+"""The frame seed (only with :data:`FLAG_SEED`)."""
 
 
 def code_dtype(bits: int) -> np.dtype:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsync.wire.buffer import encode_varint
-from fedsync.wire.layout import FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC, TRAILER_BYTES
+from fedsync.wire.layout import (
+    FLAG_SEED,
+    FLAG_TABLE,
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    MAGIC,
+    TRAILER_BYTES,
+)
 
 __all__ = ["FrameBuilder", "RawTensor", "reseal"]
 
@@ -111,7 +118,8 @@ class RawTensor:
 class FrameBuilder:
     """Build a frame from raw fields; :meth:`build` fixes length and CRC by default.
 
-    With ``digest`` set the frame carries that schema digest instead of the table.
+    With ``digest`` set the frame carries that schema digest instead of the table;
+    with ``seed`` set, that frame seed (``seed`` may be raw bytes of any length).
     """
 
     codec: str | bytes = "test"
@@ -120,6 +128,7 @@ class FrameBuilder:
     flags: int | None = None
     tensors: list[RawTensor] = field(default_factory=list)
     digest: bytes | None = None
+    seed: int | bytes | None = None
 
     def add(self, tensor: RawTensor | None = None, **fields: Any) -> FrameBuilder:
         """Append a tensor (a :class:`RawTensor` or its fields); returns ``self``."""
@@ -151,6 +160,10 @@ class FrameBuilder:
             Bytes inserted after the data part, before the checksum.
         """
         body = bytearray(_text(self.codec))
+        if isinstance(self.seed, int):
+            body += struct.pack("<Q", self.seed)
+        elif self.seed is not None:
+            body += self.seed
         if self.digest is not None:
             body += self.digest
         else:
@@ -169,6 +182,7 @@ class FrameBuilder:
         flags = self.flags
         if flags is None:
             flags = 0 if self.digest is not None else FLAG_TABLE
+            flags |= FLAG_SEED if self.seed is not None else 0
         total = HEADER_BYTES + len(body) + TRAILER_BYTES
         head = struct.pack(
             "<4sBBQ", self.magic, self.version, flags, total if length is None else length

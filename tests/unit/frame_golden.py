@@ -44,6 +44,9 @@ GOLDEN_SPECS = [
     "randomk:0.05+qsgd:4+ef",
     "powersgd:2+fp16+ef",
     "dct:4,chunk=64+uniform:8+demo",
+    # the rotation, dense and (with feedback) over the kept values
+    "none+rht+uniform:4",
+    "topk:0.05+rht:64+uniform:3,chunk=64+ef",
 ]
 STEPS = 3
 

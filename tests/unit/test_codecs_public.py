@@ -70,7 +70,8 @@ def test_the_docs_example_runs() -> None:
 
 def test_codec_names_lists_every_kind() -> None:
     names = codec_names()
-    assert list(names) == ["sparsifier", "quantizer", "feedback"]
+    assert list(names) == ["sparsifier", "rotation", "quantizer", "feedback"]
+    assert names["rotation"] == ["rht"]
     assert {"topk", "dgc", "none", "powersgd"} <= set(names["sparsifier"])
     assert {"fp32", "fp16", "uniform", "qsgd"} <= set(names["quantizer"])
     assert "ef" in names["feedback"]

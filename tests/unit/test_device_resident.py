@@ -99,7 +99,7 @@ def test_golden_covers_every_registered_stage() -> None:
     from fedsync.compression.registry import REGISTRY
 
     used = {stage.name for spec in GOLDEN_SPECS for stage in parse_spec(spec).stages}
-    for kind in ("sparsifier", "quantizer", "feedback"):
+    for kind in ("sparsifier", "rotation", "quantizer", "feedback"):
         names = {REGISTRY.lookup(n, kind).name for n in REGISTRY.names(kind)}  # type: ignore[arg-type]
         assert names <= used, names - used
 
@@ -209,6 +209,7 @@ RESIDENT = [
     "topk:0.05+bf16",
     "none+fp32",
     "powersgd:2+fp32+ef",
+    "none+rht+uniform:4+ef",  # the rotation: torch ops on the update's device
 ]
 RESIDENT_TRITON = [
     "topk:0.01+uniform:8+ef",

@@ -113,7 +113,24 @@ def test_checksum_mismatch() -> None:
 
 
 def test_reserved_flags() -> None:
-    _raises(FrameBuilder(flags=3).add().build(), MalformedField, "field 'flags'", "got 0x03")
+    # Bits 0 (table) and 1 (seed) are defined; any other is refused before the body.
+    for flags in (0x04, 0x05, 0x07, 0x80):
+        frame = FrameBuilder(flags=flags).add().build()
+        _raises(frame, MalformedField, "field 'flags'", f"got {flags:#04x}")
+
+
+def test_frame_seed_travels_once_and_comes_back_on_every_tensor() -> None:
+    frame = FrameBuilder(seed=(1 << 64) - 2).add().add(name="u").build()
+    _, tensors = decode_frame(frame)
+    assert [t.seed for t in tensors] == [(1 << 64) - 2] * 2
+    assert len(frame) == len(FrameBuilder().add().add(name="u").build()) + 8
+    assert all(t.seed is None for t in decode_frame(_frame())[1])
+
+
+def test_frame_seed_cut_short() -> None:
+    # The seed flag set but fewer than 8 bytes before the end: the read names the seed.
+    frame = FrameBuilder(codec="c", seed=b"\x01\x02\x03").build(tensor_count=0, format_count=0)
+    _raises(frame, TruncatedPayload, "field 'seed'")
 
 
 # --------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import replace
 from typing import get_args
 
 import numpy as np
@@ -29,7 +30,7 @@ from fedsync.wire import (
     schema_digest,
 )
 from fedsync.wire.index_coding import choose_index_coding
-from fedsync.wire.layout import FLAG_TABLE
+from fedsync.wire.layout import FLAG_SEED, FLAG_TABLE
 from fedsync.wire.registry import DTYPE_CODES, INDEX_CODINGS, SCHEME_CODES
 
 # --------------------------------------------------------------------------------------
@@ -291,6 +292,50 @@ def test_golden_frame_layout_with_digest() -> None:
     assert payload == _sealed(0, body)
     # The table costs its count, 6 + 5 bytes of entries; the digest 8.
     assert len(table_frame) - len(payload) == 1 + 6 + 5 - 8
+
+
+def test_golden_frame_layout_with_seed() -> None:
+    # A rotation's frame seed: flag bit 1 and 8 bytes after the codec, once per frame;
+    # everything else is the seedless frame's, byte for byte.
+    seed = 0x0123456789ABCDEF
+    payload = encode_frame("topk", [replace(t, seed=seed) for t in _golden_tensors()])
+    body = b"".join(
+        [
+            b"\x04topk",
+            bytes.fromhex("efcdab8967452301"),  # the seed, u64 little-endian
+            b"\x02",
+            b"\x01w" + bytes([2]) + bytes([2, 2, 3]),
+            b"\x01b" + bytes([1]) + bytes([1, 3]),
+            _GOLDEN_FORMATS,
+            _GOLDEN_ENTRIES_AND_DATA,
+        ]
+    )
+    assert payload == _sealed(FLAG_TABLE | FLAG_SEED, body)
+    assert len(payload) == len(encode_frame("topk", _golden_tensors())) + 8
+    assert [t.seed for t in decode_frame(payload)[1]] == [seed, seed]
+    digest = encode_frame(
+        "topk", [replace(t, seed=seed) for t in _golden_tensors()], schema="digest"
+    )
+    assert digest[5] == FLAG_SEED
+    specs = [t.spec for t in _golden_tensors()]
+    assert [t.seed for t in decode_frame(digest, expected=specs)[1]] == [seed, seed]
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ((1, None), "differs from the first tensor's 1"),
+        ((None, 1), "differs from the first tensor's None"),
+        ((1, 2), "frame seed 2 differs"),
+        ((-1, -1), "must be an int in [0, 2**64)"),
+        ((1 << 64, 1 << 64), "must be an int in [0, 2**64)"),
+    ],
+)
+def test_frame_seed_must_be_one_valid_seed(seeds: tuple[int | None, ...], message: str) -> None:
+    tensors = [replace(t, seed=s) for t, s in zip(_golden_tensors(), seeds, strict=True)]
+    with pytest.raises(ValueError) as info:
+        encode_frame("topk", tensors)
+    assert message in str(info.value)
 
 
 # --------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ frames: huge declared sizes (must fail before allocating, checked with
 ``tracemalloc``), Rice unary runs that never end. The corpus holds context-coded
 sections too (mutations make them decode past their end, leave bytes over, or
 disagree with their count); digest-only frames are mutated and decoded against the
-specs they were made for. Through the codec: codec strings with absurd numbers, and
+specs they were made for. Frames carrying a frame seed (the ``rht`` rotation's) are in
+the corpus, and rotated codec frames go through the whole receiver (frame, codec,
+inverse rotation). Through the codec: codec strings with absurd numbers, and
 seed-derived masks whose memory must follow the payload, not the declared shape.
 Bounded: a fixed seed and count, about 30 s on the 2-core CI box.
 """
@@ -44,7 +46,7 @@ from fedsync.wire import (
     decode_frame,
     encode_frame,
 )
-from fedsync.wire.layout import FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC
+from fedsync.wire.layout import FLAG_SEED, FLAG_TABLE, FORMAT_VERSION, HEADER_BYTES, MAGIC
 from fedsync.wire.testing import FrameBuilder, reseal
 from tests.unit.test_codec_bad_input import mask_frame
 
@@ -102,6 +104,14 @@ def _corpus() -> tuple[bytes, ...]:
         )
     )
     frames.append(encode_frame("", []))
+    # A frame seed (flag bit 1, 8 bytes after the codec), on every tensor of a frame.
+    seeded = [
+        _tensor(rng, "conv.weight", (8, 3, 3, 3), "dense", 1.0, 4),
+        _tensor(rng, "fc.weight", (10, 200), "explicit", 0.05, 3),
+    ]
+    for tensor in seeded:
+        tensor.seed = 0xF00DFACE12345678
+    frames.append(encode_frame("seeded", seeded))
     # PowerSGD factors (index mode lowrank): hand-made, and from the real codec with
     # factored, fallback and error-feedback tensors in one frame.
     frames.append(encode_frame("lowrank", [_lowrank(rng, "f", (12, 5, 2), 3, 8)]))
@@ -118,8 +128,15 @@ def _corpus() -> tuple[bytes, ...]:
     return tuple(frames)
 
 
-CODEC_SPECS = ("dct:4,chunk=32+fp32+demo:0.9", "dct:2,chunk=16+uniform:6")
-"""Stages whose receiver does more than scatter (the DCT inverse): fuzzed through the codec."""
+CODEC_SPECS = (
+    "dct:4,chunk=32+fp32+demo:0.9",
+    "dct:2,chunk=16+uniform:6",
+    "none+rht:16+uniform:4+ef",
+    "topk:0.3+rht:64+uniform:3,chunk=64",
+)
+"""Stages whose receiver does more than scatter (the DCT inverse, the inverse rotation
+with its frame seed; 216 and 10 values leave a last block to rotate twice): fuzzed
+through the codec."""
 
 
 @functools.cache
@@ -238,7 +255,8 @@ def _duplicate(rng: np.random.Generator, frame: bytes, _: bytes) -> bytes:
 def _random(rng: np.random.Generator, frame: bytes, _: bytes) -> bytes:
     size = int(rng.integers(0, 2 * len(frame) + 1))
     noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-    header = MAGIC + bytes([FORMAT_VERSION, int(rng.integers(0, 2)) * FLAG_TABLE])
+    flags = (FLAG_TABLE, FLAG_SEED)
+    header = MAGIC + bytes([FORMAT_VERSION, sum(f for f in flags if rng.random() < 0.5)])
     return header + noise if rng.random() < 0.7 else noise
 
 
@@ -277,12 +295,14 @@ def test_mutated_frames_raise_only_payload_error(kind: str) -> None:
 
 
 @settings(max_examples=1500, deadline=None)
-@given(body=st.binary(max_size=200), sealed=st.booleans(), table=st.booleans())
-def test_arbitrary_bodies_behind_a_valid_header(body: bytes, sealed: bool, table: bool) -> None:
+@given(body=st.binary(max_size=200), sealed=st.booleans(), table=st.booleans(), seed=st.booleans())
+def test_arbitrary_bodies_behind_a_valid_header(
+    body: bytes, sealed: bool, table: bool, seed: bool
+) -> None:
     # Hypothesis shrinks any failure to a minimal body, which random mutation cannot.
     # The header is the current version's, so the body reaches the parser (not only the
-    # version check); with and without the tensor table.
-    flags = FLAG_TABLE if table else 0
+    # version check); with and without the tensor table and the frame seed.
+    flags = (FLAG_TABLE if table else 0) | (FLAG_SEED if seed else 0)
     frame = MAGIC + bytes([FORMAT_VERSION, flags]) + bytes(8) + body + bytes(4)
     _try(reseal(frame) if sealed else frame, _Stats(), "hypothesis body")
 
@@ -455,6 +475,8 @@ CODEC_TEMPLATES = (
     "dgc:0.1,iters={}+uniform:8",
     "sidco:0.1,stages={}+uniform:8",
     "randomk:{}+fp16",
+    "topk:0.1+rht:{}+uniform:8",
+    "none+rht:{}+uniform:8",
 )
 ABSURD_NUMBERS = st.one_of(
     st.integers(-(1 << 300), 1 << 300).map(str),
@@ -571,7 +593,8 @@ def test_digest_frames_need_and_check_the_specs() -> None:
 
 @pytest.mark.parametrize("kind", sorted(MUTATORS))
 def test_mutated_codec_frames_raise_only_payload_error(kind: str) -> None:
-    """Mutated DCT / DeMo frames through the whole receiver (frame, codec, inverse)."""
+    """Mutated DCT / DeMo / rotated frames through the whole receiver (frame, codec,
+    inverse)."""
     corpus = _codec_frames()
     rng = np.random.default_rng(100 + sorted(MUTATORS).index(kind))
     mutate = MUTATORS[kind]
