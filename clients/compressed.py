@@ -15,6 +15,15 @@ task did not send goes out with a later one. A restarted SuperNode has an empty
 picked up from there (:mod:`fedsync.clients.state_store`). Node config ``fault`` turns the node
 into a faulty one for deployment tests (:mod:`fedsync.clients.faults`).
 
+A ``shared`` downlink (:mod:`fedsync.aggregation.shared_downlink`) is one frame of the
+changes since the model version this node holds (kept with the model in
+``context.state``), a whole model, or nothing at all when the node holds its start
+model already; on a node's first contact the start may be the seeded initial model,
+which the node checks against the digest the task carries. A frame for another version
+or base than the node holds, and an initial model whose digest differs, are refused
+with a :class:`SharedDownlinkError` (the node's model is left as it was): the server
+then resends the whole model.
+
 In a pruned run (``prune-at-version``) the first task after the cut brings the pruning
 masks (a bitmap frame, :mod:`fedsync.wire.mask`); the node keeps them in
 ``context.state``. Tasks whose codec specs name masks (``mask:digest=...``) decode the
@@ -44,10 +53,12 @@ from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
 from fedsync.compression.spec import parse_spec
+from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainTask
 from fedsync.records import get_int
 from fedsync.updates import TensorSpec, densify
 from fedsync.wire.mask import decode_masks
+from fedsync.wire.shared import advance, decode_shared
 
 CODEC_STATE = "fedsync-codec-state"
 """``context.state`` record: the uplink codec's sender memory (residuals, step)."""
@@ -57,12 +68,30 @@ FAULT_COUNTER = "fedsync-faults"
 """``context.state`` record: compressed tasks seen, to cycle injected fault kinds."""
 PRUNING_MASK = "fedsync-pruning-mask"
 """``context.state`` record: the pruning-mask frame this node was sent (a pruned run)."""
+DOWNLINK_VERSION = "fedsync-downlink-version"
+"""``context.state`` record: the shared downlink's ``epoch`` and ``version`` of the model
+kept in :data:`DOWNLINK_BASE`."""
 
 Masks = dict[str, torch.Tensor]
 
 
 class MissingDownlinkBase(ValueError):
     """A delta downlink arrived, but this node holds no model to apply it to."""
+
+
+class SharedDownlinkError(MissingDownlinkBase):
+    """A shared downlink this node cannot apply to what it holds; the node's model is
+    left as it was and the server resends the whole model."""
+
+
+class DownlinkVersionMismatch(SharedDownlinkError):
+    """A shared frame for another model version than the task's, or from another base
+    than the version this node holds."""
+
+
+class InitialModelMismatch(SharedDownlinkError):
+    """The task starts from the seeded initial model, and this node's differs from the
+    server's (another seed, model or platform): its digest does not match."""
 
 
 class PruningMaskError(ValueError):
@@ -172,6 +201,121 @@ def apply_downlink(
         {name: Array(tensor.numpy()) for name, tensor in start.items()}
     )
     return start
+
+
+def apply_shared_downlink(
+    payload: bytes,
+    specs: Mapping[str, TensorSpec],
+    context: Context,
+    *,
+    version: int,
+    initial_digest: str = "",
+    initial: Mapping[str, torch.Tensor] | None = None,
+    masks: Masks | None = None,
+) -> dict[str, torch.Tensor]:
+    """Apply a shared downlink (:mod:`fedsync.wire.shared`) and keep the model it gives,
+    with its version, in ``context.state``.
+
+    Parameters
+    ----------
+    payload : bytes
+        The task's downlink: a shared frame, or empty (the node holds its start).
+    specs : mapping of str to TensorSpec
+        The model's floating-point tensors.
+    context : flwr.app.Context
+        The node's context (its model and version are kept in ``context.state``).
+    version : int
+        The model version the task starts from.
+    initial_digest : str
+        Non-empty: the start's base is the seeded initial model, version 0, whose
+        digest this is (:func:`fedsync.models.initial.state_digest`).
+    initial : mapping of str to torch.Tensor, optional
+        This node's own initial model (a freshly built, seeded one), used only with
+        ``initial_digest``.
+    masks : dict of str to torch.Tensor, optional
+        The pruning masks a masked frame needs.
+
+    Raises
+    ------
+    fedsync.wire.PayloadError
+        For a broken frame.
+    InitialModelMismatch
+        If ``initial`` does not have ``initial_digest``.
+    DownlinkVersionMismatch
+        If the frame is for another version than ``version``, or from another base
+        than the node holds.
+    MissingDownlinkBase
+        If the frame needs a base and the node holds none.
+
+    On any of them ``context.state`` is left as it was.
+    """
+    frame = decode_shared(payload) if payload else None
+    if frame is not None and frame.target != version:
+        raise DownlinkVersionMismatch(
+            f"shared downlink for model version {frame.target}, the task starts from {version}"
+        )
+    if frame is not None and frame.whole is not None:
+        epoch = frame.epoch
+        start = densify(UpdateCodec(masks=masks).decode(frame.whole, expected=specs))
+    else:
+        held = (
+            _initial_base(initial_digest, initial, specs)
+            if initial_digest
+            else _held_shared_base(context, specs)
+        )
+        if held is None:
+            raise MissingDownlinkBase(
+                "shared downlink but this node holds no base model (restarted?); "
+                "the server must send a whole model"
+            )
+        epoch, at, start = held
+        base, sequence = (frame.base, frame.epoch) if frame is not None else (version, epoch)
+        if (base, sequence) != (at, epoch):
+            raise DownlinkVersionMismatch(
+                f"shared downlink from version {base} of sequence {sequence}, this node "
+                f"holds version {at} of sequence {epoch}"
+            )
+        if frame is not None:
+            codec = UpdateCodec(masks=masks)
+            for _, change in frame.links:
+                start = advance(start, densify(codec.decode(change, expected=specs)), frame.grid)
+    context.state.array_records[DOWNLINK_BASE] = ArrayRecord(
+        {name: Array(tensor.numpy()) for name, tensor in start.items()}
+    )
+    context.state.config_records[DOWNLINK_VERSION] = ConfigRecord(
+        {"epoch": epoch, "version": version}
+    )
+    return start
+
+
+def _initial_base(
+    digest: str, initial: Mapping[str, torch.Tensor] | None, specs: Mapping[str, TensorSpec]
+) -> tuple[int, int, dict[str, torch.Tensor]]:
+    """This node's seeded initial model as version 0 of sequence 0, if its digest is
+    the server's."""
+    own = {}
+    if initial is not None and set(specs) <= set(initial):
+        own = {name: initial[name].detach().to("cpu", copy=True) for name in specs}
+    held = state_digest(own) if own else "none"
+    if held != digest:
+        raise InitialModelMismatch(
+            f"the task starts from the seeded initial model {digest[:16]}..., this node "
+            f"builds {held[:16]}... (another seed, model or platform?); the server must "
+            "send a whole model"
+        )
+    return 0, 0, own
+
+
+def _held_shared_base(
+    context: Context, specs: Mapping[str, TensorSpec]
+) -> tuple[int, int, dict[str, torch.Tensor]] | None:
+    """The shared downlink's model this node holds: ``(epoch, version, tensors)``."""
+    arrays = context.state.array_records.get(DOWNLINK_BASE)
+    config = context.state.config_records.get(DOWNLINK_VERSION)
+    if arrays is None or config is None or set(arrays.keys()) != set(specs):
+        return None
+    tensors = {name: torch.from_numpy(arrays[name].numpy()) for name in specs}
+    return get_int(config, "epoch", -1), get_int(config, "version", -1), tensors
 
 
 def pruning_masks(

@@ -42,6 +42,7 @@ from fedsync.clients.ab_training import FactoredModel, decode_frozen
 from fedsync.clients.compressed import (
     Masks,
     apply_downlink,
+    apply_shared_downlink,
     encode_uplink,
     hold_pruned_at_zero,
     pruning_masks,
@@ -170,7 +171,9 @@ def receive(
         decoded (the base of a delta downlink) and the codec's error-feedback memory.
     model : torch.nn.Module
         A fresh instance of your model (any architecture; the server's model must have
-        the same state-dict names and shapes).
+        the same state-dict names and shapes). With ``downlink-kind = "shared"`` a
+        node's first task may start from it as it is, once its digest is the one of the
+        server's initial model.
     device : str or torch.device, optional
         Move :attr:`Task.module` there (default: leave it where it is).
 
@@ -186,7 +189,13 @@ def receive(
         A downlink frame that is broken, of another codec, or of another model.
     fedsync.clients.compressed.MissingDownlinkBase
         A delta downlink on a node that holds no base (it restarted): the server sends
-        a full model with its next task.
+        a full model with its next task. With ``downlink-kind = "shared"`` its
+        subclasses too: :class:`~fedsync.clients.compressed.DownlinkVersionMismatch`
+        (a frame for another version or base than this node holds) and
+        :class:`~fedsync.clients.compressed.InitialModelMismatch` (the task starts
+        from the seeded initial model, and ``model`` as given is not it: build it as
+        the server built its ``initial_arrays``, e.g. with
+        :func:`fedsync.models.initial.seeded_model`).
     fedsync.clients.compressed.PruningMaskError
         The task names pruning masks this node does not hold: the server sends them again.
     """
@@ -200,14 +209,26 @@ def receive(
     task = TrainTask.from_record(content, run_id=context.run_id)
     specs = tensor_specs(model_state(model))
     masks = pruning_masks(task, specs, context)
-    start = apply_downlink(
-        task.payload,
-        task.downlink_kind,
-        specs,
-        context,
-        keep_base=task.delta_downlinks,
-        masks=masks,
-    )
+    if task.downlink_kind == "shared":
+        start = apply_shared_downlink(
+            task.payload,
+            specs,
+            context,
+            version=task.version,
+            initial_digest=task.initial_digest,
+            # The model as given, before any load: the seeded version 0 when built so.
+            initial=model_state(model) if task.initial_digest else None,
+            masks=masks,
+        )
+    else:
+        start = apply_downlink(
+            task.payload,
+            task.downlink_kind,
+            specs,
+            context,
+            keep_base=task.delta_downlinks,
+            masks=masks,
+        )
     model.load_state_dict(start, strict=False)
     factored: FactoredModel | None = None
     if task.ab_side:

@@ -30,6 +30,7 @@ import torch
 
 from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import build_server_optimizer
+from fedsync.aggregation.shared_downlink import grid_of
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.compression.spec import parse_spec
 from fedsync.data.partition import partition_schemes
@@ -412,7 +413,9 @@ class CompressionSection(Section):
     downlink_kind: str = key(
         "delta",
         "delta (compressed difference to the model the device holds, residual kept on the "
-        "server) / full (the whole model every task)",
+        "server) / full (the whole model every task) / shared (one compressed change per "
+        "model version for every device, one residual on the server; devices start from the "
+        "seeded initial model)",
     )
     downlink_delta_codec: str = key(
         "none+uniform:{bits}",
@@ -437,6 +440,11 @@ class CompressionSection(Section):
         0.1,
         "send a full model instead of a delta that would leave the device further than this "
         "from the global model (relative L2; 0: always full)",
+    )
+    downlink_max_versions: int = key(
+        8,
+        "shared downlink: the last this many per-version changes are kept; a device further "
+        "behind, or whose missed changes outweigh a whole model, gets the whole model",
     )
     prune_at_version: int = key(
         -1,
@@ -475,8 +483,15 @@ class CompressionSection(Section):
         if not 0.0 < self.prune_sparsity < 1.0:
             _fail("prune-sparsity", "must be in (0, 1)", self.prune_sparsity)
         self._check_ab_training()
-        if self.downlink_kind not in ("full", "delta"):
-            _fail("downlink-kind", "must be 'full' or 'delta'", self.downlink_kind)
+        if self.downlink_kind not in ("full", "delta", "shared"):
+            _fail("downlink-kind", "must be 'full', 'delta' or 'shared'", self.downlink_kind)
+        if self.downlink_max_versions < 1:
+            _fail("downlink-max-versions", "must be >= 1", self.downlink_max_versions)
+        if self.downlink_kind == "shared":
+            try:
+                grid_of(self.downlink_codec)
+            except ValueError as err:
+                raise SettingsError(f"run config 'downlink-codec': {err}") from err
         if not self.downlink_max_lag >= 0.0:
             _fail("downlink-max-lag", "must be >= 0", self.downlink_max_lag)
         try:

@@ -55,8 +55,10 @@ from fedsync.aggregation.placement import canonical_device, tensor_devices
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
 from fedsync.aggregation.server_optimizer import ServerOptimizer
+from fedsync.aggregation.shared_downlink import SharedDownlink, grid_of
 from fedsync.config import RunConfig, SettingsError
 from fedsync.factored import Side
+from fedsync.models.initial import state_digest
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseTensor, TensorSpec
 from fedsync.wire import UnexpectedCodec
@@ -331,19 +333,27 @@ class AggregationEngine:
         if delta:
             for spec in self.downlink_schedule.extreme_specs():
                 self._downlink_codec(spec)
-        self.downlink = DownlinkEncoder(
-            self.specs,
-            full_codec=self._downlink_codec(compression.downlink_codec),
-            kind=cast(DownlinkKind, compression.downlink_kind),
-            delta_codec=(
-                (lambda version: self._codec(self._masked(self.downlink_schedule.spec(version))))
-                if delta
-                else None
-            ),
-            keep_start=self.strategy.needs_start_model,
-            max_lag=compression.downlink_max_lag,
-            device=self.device,
-        )
+        self.downlink: DownlinkEncoder | SharedDownlink
+        if compression.downlink_kind == "shared":
+            self.downlink = self._shared_downlink(global_state, version)
+        else:
+            self.downlink = DownlinkEncoder(
+                self.specs,
+                full_codec=self._downlink_codec(compression.downlink_codec),
+                kind=cast(DownlinkKind, compression.downlink_kind),
+                delta_codec=(
+                    (
+                        lambda version: self._codec(
+                            self._masked(self.downlink_schedule.spec(version))
+                        )
+                    )
+                    if delta
+                    else None
+                ),
+                keep_start=self.strategy.needs_start_model,
+                max_lag=compression.downlink_max_lag,
+                device=self.device,
+            )
         self.buffer = UpdateBuffer(
             self.specs,
             capacity=self.strategy.buffer_size,
@@ -352,6 +362,8 @@ class AggregationEngine:
         )
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
+        if isinstance(self.downlink, SharedDownlink):
+            self.tally.bytes_down_broadcast = 0
         self.rejections: Counter[str] = Counter()
         """Rejected replies by :attr:`Rejection.kind`."""
         if pruning_state:
@@ -410,6 +422,10 @@ class AggregationEngine:
         )
         self.tally.tasks += 1
         self.tally.bytes_down += flight.downlink_bytes
+        if downlink.broadcast_bytes is not None and self.tally.bytes_down_broadcast is not None:
+            # Masks and factors are per device: as sent, in either figure.
+            extra = flight.downlink_bytes - len(downlink.payload)
+            self.tally.bytes_down_broadcast += downlink.broadcast_bytes + extra
         return flight
 
     def forget(self, flight: InFlight) -> None:
@@ -549,6 +565,11 @@ class AggregationEngine:
             "server_optimizer": repr(self.optimizer),
             "rejections": dict(sorted(self.rejections.items())),
             "downlink_resyncs": self.downlink.resyncs,
+            **(
+                {"downlink_shared": self.downlink.describe()}
+                if isinstance(self.downlink, SharedDownlink)
+                else {}
+            ),
             "pruning": self.pruned.describe() if self.pruned is not None else None,
             "ab_training": self.ab.describe() if self.ab is not None else None,
             "update_guard": self.norm_guard.summary() if self.norm_guard is not None else None,
@@ -586,12 +607,45 @@ class AggregationEngine:
             self._codecs[spec] = codec
         return codec
 
+    def _shared_downlink(
+        self, global_state: Mapping[str, torch.Tensor], version: int
+    ) -> SharedDownlink:
+        """``downlink-kind = "shared"``: one change per version for every device; a run
+        that starts at version 0 starts every device at the seeded initial model."""
+        compression = self.config.compression
+        for spec in self.downlink_schedule.extreme_specs():
+            if _has_feedback(self._codec(spec)):
+                raise SettingsError(
+                    f"downlink-delta-codec {spec!r} must not use error feedback (+ef) with "
+                    "downlink-kind 'shared': the server keeps the one residual itself"
+                )
+        try:
+            grid = grid_of(compression.downlink_codec)
+        except ValueError as err:
+            raise SettingsError(str(err)) from err
+        return SharedDownlink(
+            self.specs,
+            full_codec=self._downlink_codec(compression.downlink_codec),
+            grid=grid,
+            delta_codec=lambda v: self._codec(self._masked(self.downlink_schedule.spec(v))),
+            initial=self.trained if version == 0 else None,
+            initial_digest=(
+                state_digest({name: global_state[name] for name in self.specs})
+                if version == 0
+                else ""
+            ),
+            max_versions=compression.downlink_max_versions,
+            max_lag=compression.downlink_max_lag,
+            keep_start=self.strategy.needs_start_model,
+            device=self.device,
+        )
+
     def _downlink_codec(self, spec: str) -> UpdateCodecLike:
         codec = self._codec(spec)
         # One server codec encodes for every device: an error-feedback memory inside it
         # would mix all devices' residuals. downlink-kind = "delta" keeps a residual per
         # device instead (global minus that device's replica).
-        if getattr(getattr(codec, "config", None), "feedback", None) is not None:
+        if _has_feedback(codec):
             raise SettingsError(
                 f"downlink codec {spec!r} must not use error feedback (+ef): use "
                 "downlink-kind = 'delta', which keeps a per-device residual on the server"
@@ -603,6 +657,11 @@ def task_seed(seed: int, number: int) -> int:
     """A distinct, reproducible 31-bit seed (torch/numpy) per (run seed, task number)."""
     state = np.random.SeedSequence([seed & 0xFFFFFFFF, number]).generate_state(1)[0]
     return int(state) & 0x7FFFFFFF
+
+
+def _has_feedback(codec: UpdateCodecLike) -> bool:
+    """Whether a codec keeps an error-feedback memory (``+ef``)."""
+    return getattr(getattr(codec, "config", None), "feedback", None) is not None
 
 
 def _is_codec(obj: object) -> bool:

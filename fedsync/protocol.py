@@ -19,7 +19,11 @@ A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
 * ``DOWNLINK`` ArrayRecord, ``PAYLOAD``: one uint8 array, an encoded frame. With
   ``downlink-kind = "full"`` it decodes to the whole model (floating-point tensors);
   with ``"delta"`` to a difference to add to the model this node last received (kept
-  in ``context.state``).
+  in ``context.state``); with ``"shared"`` it is a shared frame
+  (:mod:`fedsync.wire.shared`: the changes since the version this node holds, or a
+  whole model), or empty when the node holds its start model already. CONFIG
+  ``initial-digest``, when present, says the start is the seeded initial model, which
+  the node builds and checks against the digest.
 * ``DOWNLINK`` ``MASK`` (a pruned run only, once per device): the pruning masks as a
   bitmap frame; the node keeps them in ``context.state``, and every later frame of
   either direction holds values at the kept positions only.
@@ -116,6 +120,9 @@ DELTA_DOWNLINKS: Final = "delta-downlinks"
 base of the next delta."""
 RUN_SEED: Final = "run-seed"
 """The run's ``seed`` (a node seeds its codec's random choices with it and its partition)."""
+INITIAL_DIGEST: Final = "initial-digest"
+"""A shared downlink's: the digest of the seeded initial model the task starts from (on
+the node's first contact); absent otherwise."""
 
 # --- reply metric keys (client -> server) ---------------------------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -222,7 +229,7 @@ class TrainTask:
     ----------
     payload : bytes
         The encoded downlink frame.
-    downlink_kind : {"full", "delta"}
+    downlink_kind : {"full", "delta", "shared"}
         How the payload applies (see the module docstring).
     version : int
         The global model version the task starts from.
@@ -249,6 +256,9 @@ class TrainTask:
         The run sends delta downlinks: the node keeps the model it decoded.
     run_seed : int
         The run's seed.
+    initial_digest : str
+        A shared downlink's: the seeded initial model's digest when the task starts
+        from it (``""`` otherwise).
     extra : mapping of str to config value
         The application's own task config (``train_config`` of
         :meth:`fedsync.serverapp.AsyncStrategy.start`), sent in the same CONFIG record;
@@ -274,6 +284,7 @@ class TrainTask:
     ab_min_rate: float = 0.0
     delta_downlinks: bool = False
     run_seed: int = 0
+    initial_digest: str = ""
     extra: Mapping[str, ConfigValue] = field(default_factory=dict)
 
     @classmethod
@@ -317,6 +328,8 @@ class TrainTask:
                 RUN_SEED: self.run_seed,
             }
         )
+        if self.initial_digest:
+            config[INITIAL_DIGEST] = self.initial_digest
         downlink = payload_record(self.payload)
         if self.mask:
             downlink[MASK] = Array(np.frombuffer(self.mask, dtype=np.uint8).copy())
@@ -372,6 +385,7 @@ class TrainTask:
             ab_min_rate=get_float(config, AB_MIN_RATE, 0.0),
             delta_downlinks=get_bool(config, DELTA_DOWNLINKS, False),
             run_seed=get_int(config, RUN_SEED, 0),
+            initial_digest=get_str(config, INITIAL_DIGEST, ""),
             extra={k: v for k, v in config.items() if k not in TASK_KEYS},  # type: ignore[misc]
         )
 
@@ -397,6 +411,7 @@ TASK_KEYS: Final = frozenset(
         JOB_KEY,
         DELTA_DOWNLINKS,
         RUN_SEED,
+        INITIAL_DIGEST,
         AB_SIDE,
         AB_RANK,
         AB_MIN_RATE,

@@ -288,6 +288,7 @@ class AsyncRun:
             ab_side=plan.ab_side,
             downlink_kind=plan.downlink.kind,
             downlink_lag=round(plan.downlink.lag, 6),
+            **_shared_fields(plan),
             uplink_codec=plan.uplink_spec,
             in_flight=self.scheduler.in_flight,
             sim_time=self.journal.sim(now),
@@ -305,6 +306,7 @@ class AsyncRun:
             mask=plan.mask,
             ab_side=plan.ab_side,
             factors=plan.factors,
+            initial_digest=plan.downlink.initial_digest,
             extra=self.train_config,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
@@ -508,3 +510,16 @@ class AsyncRun:
         self.recorder.events.write(
             kind, **{"node": node_id, "device": self.device_of[node_id], **fields, "sim_time": when}
         )
+
+
+def _shared_fields(plan: InFlight) -> dict[str, Any]:
+    """A shared downlink's dispatch fields (none for the other kinds): what the payload
+    carried, how many changes, and what it adds to the broadcast figure."""
+    downlink = plan.downlink
+    if downlink.broadcast_bytes is None:
+        return {}
+    return {
+        "downlink_detail": downlink.detail,
+        "downlink_changes": downlink.links,
+        "bytes_down_broadcast": downlink.broadcast_bytes + len(plan.mask) + len(plan.factors),
+    }

@@ -150,13 +150,22 @@ def tally_state(tally: RunTally) -> dict[str, Any]:
         "target_accuracy": tally.target_accuracy,
         "bytes_up": tally.bytes_up,
         "bytes_down": tally.bytes_down,
+        **(
+            {"bytes_down_broadcast": tally.bytes_down_broadcast}
+            if tally.bytes_down_broadcast is not None
+            else {}
+        ),
         "tasks": tally.tasks,
         "arrivals": tally.arrivals,
         "aggregated": tally.aggregated,
         "staleness": {str(k): v for k, v in tally.staleness.items()},
         "drops": dict(tally.drops),
         "errors": dict(tally.errors),
-        "target": asdict(tally.target) if tally.target is not None else None,
+        "target": (
+            {k: v for k, v in asdict(tally.target).items() if v is not None}
+            if tally.target is not None
+            else None
+        ),
     }
 
 
@@ -164,6 +173,9 @@ def restore_tally(tally: RunTally, state: Mapping[str, Any]) -> None:
     """Put :func:`tally_state` counters back into ``tally`` (in place)."""
     tally.bytes_up = int(state.get("bytes_up", tally.bytes_up))
     tally.bytes_down = int(state.get("bytes_down", tally.bytes_down))
+    if tally.bytes_down_broadcast is not None:  # a shared downlink's
+        # Not saved (a checkpoint of another downlink kind): the bytes as sent bound it.
+        tally.bytes_down_broadcast = int(state.get("bytes_down_broadcast", tally.bytes_down))
     tally.tasks = int(state.get("tasks", 0))
     tally.arrivals = int(state.get("arrivals", 0))
     tally.aggregated = int(state.get("aggregated", 0))

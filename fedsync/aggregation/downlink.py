@@ -16,6 +16,9 @@ Two modes (``downlink-kind``):
 
 Replicas are committed only when the device's reply is in: until then the server
 cannot know the device applied the payload.
+
+A third mode, ``shared`` (one change per model version for every device, no replica
+per device), is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ import torch
 
 from fedsync.updates import SparseUpdate, TensorSpec, densify
 
-__all__ = ["CodecFactory", "DownlinkEncoder", "DownlinkKind", "DownlinkPayload", "UpdateCodecLike"]
+__all__ = [
+    "CodecFactory",
+    "DownlinkEncoder",
+    "DownlinkKind",
+    "DownlinkPayload",
+    "UpdateCodecLike",
+    "relative_gap",
+]
 
-DownlinkKind = Literal["full", "delta"]
+DownlinkKind = Literal["full", "delta", "shared"]
+"""``shared`` is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`'s."""
 
 
 class UpdateCodecLike(Protocol):
@@ -71,6 +82,17 @@ class DownlinkPayload:
     """``||global - device model|| / ||global||`` once the device applied the payload:
     what the device trains without (0 for a full payload, apart from its codec's
     rounding; the server-side residual of a delta)."""
+    detail: str = ""
+    """A shared payload's content: ``seeded`` or ``stay`` (empty: the device holds its
+    start already), ``changes``, ``whole`` (``""`` for the other kinds)."""
+    links: int = 0
+    """A shared payload's number of changes (the versions the device missed)."""
+    broadcast_bytes: int | None = None
+    """Bytes this payload adds if each shared change were broadcast once (``None``: not
+    a shared payload)."""
+    initial_digest: str = ""
+    """The seeded initial model's digest, when the device is to start from its own
+    version 0 (:mod:`fedsync.models.initial`)."""
 
 
 class DownlinkEncoder:
@@ -177,7 +199,7 @@ class DownlinkEncoder:
             name: (replica[name] + decoded[name]).to(replica[name].dtype) for name in self.specs
         }
         self._pending[node_id] = start
-        lag = _relative_gap(state, start)
+        lag = relative_gap(state, start)
         return DownlinkPayload(payload, "delta", start if self.keep_start else None, lag)
 
     def commit(self, node_id: int) -> None:
@@ -228,7 +250,7 @@ class DownlinkEncoder:
         return self._full[1], self._full[2]
 
 
-def _relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:
+def relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:
     """``||state - held|| / ||state||`` over all tensors (float64 sums)."""
     gap = sum(float((state[n].double() - held[n].double()).square().sum()) for n in held)
     norm = sum(float(state[n].double().square().sum()) for n in held)

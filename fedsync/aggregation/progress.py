@@ -31,6 +31,7 @@ class TargetReached:
     wall_time: float
     bytes_up: int
     bytes_down: int
+    bytes_down_broadcast: int | None = None
 
 
 @dataclass
@@ -47,6 +48,9 @@ class RunTally:
     # --- traffic ---
     bytes_up: int = 0
     bytes_down: int = 0
+    bytes_down_broadcast: int | None = None
+    """A shared downlink's bytes if each change were broadcast once (``None``: not such
+    a run; then the figure is left out of the reports)."""
     tasks: int = 0
     arrivals: int = 0
     aggregated: int = 0
@@ -75,6 +79,8 @@ class RunTally:
             "cumulative_bytes_up": self.bytes_up,
             "cumulative_bytes_down": self.bytes_down,
         }
+        if self.bytes_down_broadcast is not None:
+            entry["cumulative_bytes_down_broadcast"] = self.bytes_down_broadcast
         entry.update({k: float(v) for k, v in metrics.items() if k not in entry and _is_number(v)})
         unmeasured = [name for name in ("accuracy", "loss") if name not in metrics]
         if unmeasured:  # an application's evaluate_fn that reports only some of them
@@ -82,7 +88,13 @@ class RunTally:
         self.evaluations.append(entry)
         if self.target is None and self.target_accuracy > 0.0 and accuracy >= self.target_accuracy:
             self.target = TargetReached(
-                accuracy, version, sim_time, wall_time, self.bytes_up, self.bytes_down
+                accuracy,
+                version,
+                sim_time,
+                wall_time,
+                self.bytes_up,
+                self.bytes_down,
+                self.bytes_down_broadcast,
             )
         verdict = self.health.observe(self.evaluations)
         if verdict is not None:
@@ -104,12 +116,19 @@ class RunTally:
                 bytes_up=self.target.bytes_up,
                 bytes_down=self.target.bytes_down,
             )
+            if self.target.bytes_down_broadcast is not None:
+                target["bytes_down_broadcast"] = self.target.bytes_down_broadcast
         return {
             "final_accuracy": accuracies[-1] if accuracies else None,
             "best_accuracy": max(accuracies) if accuracies else None,
             "final_loss": self.evaluations[-1]["loss"] if self.evaluations else None,
             "total_bytes_up": self.bytes_up,
             "total_bytes_down": self.bytes_down,
+            **(
+                {"total_bytes_down_broadcast": self.bytes_down_broadcast}
+                if self.bytes_down_broadcast is not None
+                else {}
+            ),
             "tasks": self.tasks,
             "arrivals": self.arrivals,
             "aggregated_updates": self.aggregated,

@@ -114,8 +114,10 @@ class AsyncStrategy:
         :class:`~fedsync.aggregation.schedule.CompressionSchedule`.
     downlink_codec : str
         Codec of whole-model downlinks.
-    downlink_kind : {"delta", "full"}
-        Deltas against the model each device holds, or the whole model every task.
+    downlink_kind : {"delta", "full", "shared"}
+        Deltas against the model each device holds, the whole model every task, or one
+        change per model version shared by every device
+        (:mod:`fedsync.aggregation.shared_downlink`; ``downlink_max_versions=``).
     downlink_delta_codec : str or CompressionSchedule
         Codec of delta downlinks.
     **settings
