@@ -35,7 +35,7 @@ Manifest layout (TOML)::
 
     [[page.result]]
     json = "simulations/results/fmnist-iot/comparison.json"   # relative, inside the root
-    kind = "comparison"               # or link-ratio, deploy-overhead, soak
+    kind = "comparison"               # or link-ratio, deploy-overhead, soak, table
     heading = "..."
     description = "..."
     commands = ["python -m ..."]      # unless the JSON has provenance.command
@@ -48,6 +48,19 @@ Manifest layout (TOML)::
     figures = ["comparison.png"]      # beside the JSON
     goals = [{ kind = "sooner", row = "teasq", than = "fedavg", factor = 10 }]
     headlines = [{ row = "teasq", than = "fedavg" }]
+
+    [[page.result.tables]]            # kind = "table": any JSON, one or more tables
+    caption = "..."                   # optional, a line above the table
+    rows = ["runs.*.cases.*"]         # paths to the rows (a string or a list of them)
+    columns = [["method", "`{@}`"], ["MB", "{bytes*1e-6:.2f}"], ["ms", "{t.median:.1f}"]]
+
+A row path is keys joined by dots (a key may hold dots itself) and ``*`` for every item of
+a list or every value of an object; a path without ``*`` is one row. A column is its
+heading and a template: ``{path:spec}`` is the value at ``path`` in the row, or else in
+the objects the path passed through, innermost first, formatted with Python's ``spec``
+(``{path*1e-6:.2f}`` scales it first; a list is formatted item by item). ``{@}`` is the
+key of the row's innermost ``*`` (for a path without one, its last key), ``{@1}`` that of
+the first, ``{.}`` the row itself. A cell whose template names a value the JSON lacks is ``-``.
 """
 
 from __future__ import annotations
@@ -101,7 +114,9 @@ _RESULT_KEYS = {
     "figures",
     "goals",
     "headlines",
+    "tables",
 }
+_TABLE_KEYS = {"rows", "columns", "caption"}
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
@@ -193,6 +208,10 @@ def _load_result(
     _require(spec, ("json", "kind", "heading", "description"), _RESULT_KEYS, where)
     if spec["kind"] not in _KINDS:
         raise PagesError(f"{where}: kind {spec['kind']!r} is not one of {', '.join(_KINDS)}")
+    if (spec["kind"] == "table") != ("tables" in spec):
+        raise PagesError(f'{where}: tables go with kind = "table", and it needs them')
+    for i, table in enumerate(spec.get("tables", [])):
+        _require(table, ("rows", "columns"), _TABLE_KEYS, f"{where}, table {i + 1}")
     relative = Path(str(spec["json"]))
     if relative.is_absolute() or ".." in relative.parts:
         raise PagesError(
@@ -240,6 +259,8 @@ def _carried(data: Mapping[str, Any]) -> set[str]:
         }
         if origin.get("machine"):
             carried |= {"machine", "load"}
+    if isinstance(data.get("command"), str):  # a benchmark that records its command line
+        carried.add("commands")
     machine = data.get("machine")
     if isinstance(machine, dict) and "loadavg_start" in machine:
         carried.add("load")
@@ -362,7 +383,8 @@ def _provenance(result: Result) -> list[str]:
             f"- **Report rewritten**: `{r.get('command', '-')}`; commit "
             f"`{r.get('commit', '-')}`, on {r.get('date', '-')}"
         )
-    commands = [origin["command"]] if origin.get("command") else list(spec.get("commands", []))
+    command = origin.get("command") or data.get("command")
+    commands = [command] if isinstance(command, str) else list(spec.get("commands", []))
     if commands:
         lines += ["- **Command**:", "", "  ```bash"]
         lines += [f"  {command}" for command in commands]
@@ -382,7 +404,11 @@ def _machine(spec: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         parts.append(_host(origin["machine"]))
     elif isinstance(data.get("machine"), dict):
         host = data["machine"]
-        parts.append(f"{host.get('cpus', '-')} CPUs, Python {host.get('python', '-')}")
+        cpus = host.get("cpus", host.get("cores"))
+        named = (("python", "Python"), ("torch", "torch"), ("flwr", "Flower"))
+        words = [f"{cpus} CPUs"] if cpus else []
+        words += [f"{name} {host[key]}" for key, name in named if host.get(key)]
+        parts.append(", ".join(words))
         if host.get("loadavg_start"):
             start = " / ".join(f"{x:.2f}" for x in host["loadavg_start"])
             end = " / ".join(f"{x:.2f}" for x in host.get("loadavg_end", []))
@@ -896,6 +922,126 @@ def _headline_soak(result: Result, headline: Mapping[str, Any]) -> str:
     )
 
 
+# --- tables (any JSON) ------------------------------------------------------------------------
+_PLACEHOLDER = re.compile(r"\{([^{}:*]+)(?:\*([^{}:]+))?(?::([^{}]*))?\}")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Row:
+    chain: tuple[Any, ...]
+    """The objects the row's path passed through, the row last."""
+    keys: tuple[str, ...]
+    """The keys of the path's ``*``s, outermost first."""
+
+
+def _step(value: Any, parts: Sequence[str]) -> tuple[Any, int]:
+    """The value one key down (the longest run of ``parts`` that is a key, so keys may
+    hold dots) and how many parts that key took; ``_MISSING`` if none is."""
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if isinstance(value, Mapping) and key in value:
+            return value[key], n
+        if isinstance(value, list) and n == 1 and key.isdigit() and int(key) < len(value):
+            return value[int(key)], n
+    return _MISSING, 1
+
+
+def _lookup(value: Any, path: str) -> Any:
+    parts = path.split(".") if path else []
+    while parts and value is not _MISSING:
+        value, n = _step(value, parts)
+        parts = parts[n:]
+    return value
+
+
+def _select(result: Result, path: str) -> list[_Row]:
+    rows = [_Row((result.data,), ())]
+    parts = path.split(".")
+    last = parts[-1]
+    while parts:
+        if parts[0] == "*":
+            parts = parts[1:]
+            wider = []
+            for row in rows:
+                value = row.chain[-1]
+                items = (
+                    value.items()
+                    if isinstance(value, Mapping)
+                    else enumerate(value)
+                    if isinstance(value, list)
+                    else []
+                )
+                wider += [_Row((*row.chain, v), (*row.keys, str(k))) for k, v in items]
+            rows = wider
+            continue
+        keys = parts[: parts.index("*")] if "*" in parts else parts
+        stepped = [(row, *_step(row.chain[-1], keys)) for row in rows]
+        rows = [_Row((*row.chain, v), row.keys) for row, v, _ in stepped if v is not _MISSING]
+        parts = parts[stepped[0][2] if stepped else 1 :]
+    if not rows:
+        raise PagesError(f"{result.where}: {result.path} has nothing at {path!r}")
+    if "*" not in path.split("."):
+        rows = [_Row(row.chain, (last,)) for row in rows]
+    return rows
+
+
+def _value(row: _Row, path: str) -> Any:
+    if path == ".":
+        return row.chain[-1]
+    if path == "@" or re.fullmatch(r"@\d+", path):
+        index = int(path[1:]) - 1 if len(path) > 1 else len(row.keys) - 1
+        return row.keys[index] if 0 <= index < len(row.keys) else _MISSING
+    for value in reversed(row.chain):
+        found = _lookup(value, path)
+        if found is not _MISSING:
+            return found
+    return _MISSING
+
+
+def _formatted(value: Any, scale: str | None, spec: str) -> str:
+    if isinstance(value, list):
+        return ", ".join(_formatted(v, scale, spec) for v in value)
+    if isinstance(value, bool) and not spec:
+        return "yes" if value else "no"
+    if scale is not None and isinstance(value, int | float):
+        value *= float(scale)
+    return format(value, spec)
+
+
+def _cell(row: _Row, template: str, where: str) -> str:
+    values = {}
+    for match in _PLACEHOLDER.finditer(template):
+        value = _value(row, match.group(1).strip())
+        if value is _MISSING or value is None:
+            return "-"
+        try:
+            values[match.group(0)] = _formatted(value, match.group(2), match.group(3) or "")
+        except (TypeError, ValueError) as err:
+            raise PagesError(f"{where}: {match.group(0)}: {err}") from err
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], template)
+
+
+def _render_tables(result: Result) -> list[str]:
+    lines: list[str] = []
+    for i, table in enumerate(result.spec["tables"]):
+        where = f"{result.where}, table {i + 1}"
+        paths = [table["rows"]] if isinstance(table["rows"], str) else list(table["rows"])
+        rows = [row for path in paths for row in _select(result, str(path))]
+        columns = [(str(head), str(template)) for head, template in table["columns"]]
+        if table.get("caption"):
+            lines += [str(table["caption"]).strip(), ""]
+        body = [[_cell(row, template, where) for _, template in columns] for row in rows]
+        lines += _table([head for head, _ in columns], body)
+    lines += _rows_described(result, result.spec.get("labels", {}))
+    lines += _figures(result)
+    return lines
+
+
+def _headline_table(result: Result, headline: Mapping[str, Any]) -> str:
+    raise PagesError(f"{result.where}: a table result has no headlines")
+
+
 # --- kinds ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Kind:
@@ -908,6 +1054,7 @@ _KINDS: dict[str, _Kind] = {
     "link-ratio": _Kind(_render_link_ratio, _headline_link_ratio),
     "deploy-overhead": _Kind(_render_deploy, _headline_deploy),
     "soak": _Kind(_render_soak, _headline_soak),
+    "table": _Kind(_render_tables, _headline_table),
 }
 
 

@@ -5,14 +5,17 @@ Every page under ``docs/results/`` but ``methods.md`` is written by
 JSON: regenerating it must give the committed text, so nobody edits a page by hand and a
 changed JSON cannot leave a stale page behind. Every relative link in ``README.md``,
 ``docs/`` and ``examples/`` must point at a file that exists and, for ``#anchor`` links
-into Markdown, at a heading GitHub gives that anchor.
+into Markdown, at a heading GitHub gives that anchor. Facts the docs state that a test can
+compute (the app bundle's contents) are computed here.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -109,6 +112,64 @@ description = "D"
     (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
     text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
     assert "0.50 / 0.40 / 0.30 at the start, 1.50 / 1.00 / 0.50 at the end" in text
+
+
+def test_a_table_result_renders_named_columns_of_any_json(tmp_path: Path) -> None:
+    document = {
+        "machine": {"cores": 2, "python": "3.11.7"},
+        "command": "python -m benchmarks.x --fast",
+        "runs": {
+            "cpu": {
+                "threads": 1,
+                "cases": [
+                    {"numel": 1000, "methods": {"topk:0.1+fp32": {"ms": 1.25, "b": 40_000}}},
+                    {"numel": 2000, "methods": {"dgc": {"ms": 2.5, "iqr": [2.0, 3.0]}}},
+                ],
+            }
+        },
+        "stream": {"torch.sum": 10.5},
+    }
+    (tmp_path / "x.json").write_text(json.dumps(document), encoding="utf-8")
+    page = """
+[[page]]
+name = "p"
+title = "T"
+summary = "S"
+description = "D"
+[[page.result]]
+json = "x.json"
+kind = "table"
+heading = "H"
+description = "D"
+commit = "abc1234"
+date = "2026-01-01"
+[[page.result.tables]]
+caption = "Cap:"
+rows = "runs.*.cases.*.methods.*"
+columns = [["clock", "{@1}"], ["method", "`{@}`"], ["n", "{numel:,}"], ["threads", "{threads}"],
+           ["ms", "{ms:.1f}"], ["MB", "{b*1e-6:.2f}"], ["iqr", "{iqr:.1f}"]]
+[[page.result.tables]]
+rows = ["stream", "machine"]
+columns = [["what", "{@}"], ["rate", "{torch.sum:g}"], ["cores", "{cores}"]]
+"""
+    (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
+    text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
+    assert "python -m benchmarks.x --fast" in text and "2 CPUs, Python 3.11.7" in text
+    assert "Cap:\n\n| clock | method | n | threads | ms | MB | iqr |" in text
+    assert "| cpu | `topk:0.1+fp32` | 1,000 | 1 | 1.2 | 0.04 | - |" in text
+    assert "| cpu | `dgc` | 2,000 | 1 | 2.5 | - | 2.0, 3.0 |" in text
+    assert "| stream | 10.5 | - |" in text and "| machine | - | 2 |" in text
+    for wrong, right, message in [
+        ('rows = ["stream", "machine"]', 'rows = "runs.nope"', "has nothing at 'runs.nope'"),
+        ('kind = "table"', 'kind = "soak"', "tables go with kind"),
+    ]:
+        (tmp_path / "sources.toml").write_text(page.replace(wrong, right), encoding="utf-8")
+        with pytest.raises(PagesError, match=message):
+            render_pages(tmp_path, tmp_path / "sources.toml")
+    bad = page.replace('commit = "abc1234"\n', 'commit = "abc1234"\ncommands = ["x"]\n')
+    (tmp_path / "sources.toml").write_text(bad, encoding="utf-8")
+    with pytest.raises(PagesError, match=r"commands is in x\.json already"):
+        render_pages(tmp_path, tmp_path / "sources.toml")
 
 
 _CI_JSON = "simulations/results/fmnist-ci/comparison.json"
@@ -258,3 +319,24 @@ def test_a_quoted_figure_is_a_generated_headline(path: Path, headlines: set[str]
             f"docs/results/index.md (quote the generated line, or link without the figure): "
             f"{line}"
         )
+
+
+# --- the app bundle -----------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # flwr's CLI dependencies
+def test_the_fab_is_the_apps_configuration_alone() -> None:
+    # docs/deployment.md: the FAB every node downloads is pyproject.toml alone, a few kB. Built
+    # as `flwr build` builds it; its include patterns decide, so a few files of each kind the
+    # checkout holds stand for the rest.
+    from flwr.cli.build import build_fab_from_files
+
+    files = [
+        "pyproject.toml",
+        ".gitignore",
+        "README.md",
+        "fedsync/__init__.py",
+        "docs/deployment.md",
+    ]
+    fab, _ = build_fab_from_files({name: ROOT / name for name in files})
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert [name for name in names if not name.startswith(".info/")] == ["pyproject.toml"]
+    assert len(fab) < 10_000, f"the FAB is {len(fab)} bytes"
