@@ -301,7 +301,8 @@ def _initial_base(
         raise InitialModelMismatch(
             f"the task starts from the seeded initial model {digest[:16]}..., this node "
             f"builds {held[:16]}... (another seed, model or platform?); the server must "
-            "send a whole model"
+            "send a whole model (initial arrays a device does not build itself: run with "
+            "downlink-seeded-start = false)"
         )
     return 0, 0, own
 

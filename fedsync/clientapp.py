@@ -195,7 +195,8 @@ def receive(
         :class:`~fedsync.clients.compressed.InitialModelMismatch` (the task starts
         from the seeded initial model, and ``model`` as given is not it: build it as
         the server built its ``initial_arrays``, e.g. with
-        :func:`fedsync.models.initial.seeded_model`).
+        :func:`fedsync.models.initial.seeded_model`, or run the server with
+        ``downlink_seeded_start=False``).
     fedsync.clients.compressed.PruningMaskError
         The task names pruning masks this node does not hold: the server sends them again.
     """

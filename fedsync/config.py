@@ -415,7 +415,7 @@ class CompressionSection(Section):
         "delta (compressed difference to the model the device holds, residual kept on the "
         "server) / full (the whole model every task) / shared (one compressed change per "
         "model version for every device, one residual on the server; devices start from the "
-        "seeded initial model)",
+        "seeded initial model, see downlink-seeded-start)",
     )
     downlink_delta_codec: str = key(
         "none+uniform:{bits}",
@@ -445,6 +445,13 @@ class CompressionSection(Section):
         8,
         "shared downlink: the last this many per-version changes are kept; a device further "
         "behind, or whose missed changes outweigh a whole model, gets the whole model",
+    )
+    downlink_seeded_start: bool = key(
+        True,
+        "shared downlink, run starting at version 0: a device's first task starts from the "
+        "initial model it builds itself (empty payload, digest checked; a device whose model "
+        "differs fails that task and gets a whole model); false: the whole model (set it "
+        "when the initial model is pretrained or not built by fedsync's seeded builder)",
     )
     prune_at_version: int = key(
         -1,

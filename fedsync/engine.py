@@ -611,8 +611,11 @@ class AggregationEngine:
         self, global_state: Mapping[str, torch.Tensor], version: int
     ) -> SharedDownlink:
         """``downlink-kind = "shared"``: one change per version for every device; a run
-        that starts at version 0 starts every device at the seeded initial model."""
+        that starts at version 0 starts every device at the seeded initial model, unless
+        ``downlink-seeded-start`` is false (the initial model is not one a device builds
+        itself: a first contact gets the whole model, the sequence starts on the grid)."""
         compression = self.config.compression
+        seeded = version == 0 and compression.downlink_seeded_start
         for spec in self.downlink_schedule.extreme_specs():
             if _has_feedback(self._codec(spec)):
                 raise SettingsError(
@@ -628,11 +631,9 @@ class AggregationEngine:
             full_codec=self._downlink_codec(compression.downlink_codec),
             grid=grid,
             delta_codec=lambda v: self._codec(self._masked(self.downlink_schedule.spec(v))),
-            initial=self.trained if version == 0 else None,
+            initial=self.trained if seeded else None,
             initial_digest=(
-                state_digest({name: global_state[name] for name in self.specs})
-                if version == 0
-                else ""
+                state_digest({name: global_state[name] for name in self.specs}) if seeded else ""
             ),
             max_versions=compression.downlink_max_versions,
             max_lag=compression.downlink_max_lag,

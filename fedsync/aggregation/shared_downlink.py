@@ -22,10 +22,11 @@ What a device is sent, given the version ``u`` the server knows it holds:
   they are no longer cached (:class:`VersionEvicted`: only the last ``max_versions``
   are) or together outweigh a whole model: then the whole model, counted as a resync;
 * nothing known (its first task, or after a failed or lost task): the whole model --
-  except on its first contact in a run that started from the seeded initial model,
-  where it is assumed to hold version 0 (it can build it: :mod:`fedsync.models.initial`)
-  and its task carries that model's digest; a device whose own version 0 differs
-  refuses the task and the server resyncs it with a whole model next time.
+  except on its first contact in a run that started from the seeded initial model
+  (``downlink-seeded-start``, on by default), where it is assumed to hold version 0
+  (it can build it: :mod:`fedsync.models.initial`) and its task carries that model's
+  digest; a device whose own version 0 differs refuses the task and the server resyncs
+  it with a whole model next time.
 
 A device's version is committed when its reply is in. When a change would leave the
 mirror further than ``max_lag`` (relative L2) from the global model, the server
@@ -164,6 +165,8 @@ class SharedDownlink:
             self._mirror = {n: initial[n].detach().to(self.device, copy=True) for n in self.specs}
             self._on_grid = all(torch.equal(to_grid(t, grid), t) for t in self._mirror.values())
             self.initial_digest = initial_digest
+        self.seeded_start = bool(self.initial_digest)
+        """Whether first contacts at version 0 were assumed to hold the initial model."""
         # --- devices ---
         self._held: dict[int, tuple[int, int]] = {}
         self._pending: dict[int, tuple[int, int]] = {}
@@ -281,6 +284,7 @@ class SharedDownlink:
             "version": self.version,
             "grid": self.grid,
             "max_versions": self.max_versions,
+            "seeded_start": self.seeded_start,
             "changes_encoded": self.changes_encoded,
             "restarts": self.restarts,
             "payloads": dict(sorted(self.payloads.items())),

@@ -117,7 +117,9 @@ class AsyncStrategy:
     downlink_kind : {"delta", "full", "shared"}
         Deltas against the model each device holds, the whole model every task, or one
         change per model version shared by every device
-        (:mod:`fedsync.aggregation.shared_downlink`; ``downlink_max_versions=``).
+        (:mod:`fedsync.aggregation.shared_downlink`; ``downlink_max_versions=``;
+        ``downlink_seeded_start=False`` when ``initial_arrays`` are pretrained or not
+        what each device builds itself: first tasks then carry the whole model).
     downlink_delta_codec : str or CompressionSchedule
         Codec of delta downlinks.
     **settings

@@ -217,7 +217,37 @@ def test_first_contact_at_version_0_through_the_engine_counts_zero_bytes() -> No
     assert read.payload == b"" and read.initial_digest == task.initial_digest
     assert read.downlink_kind == "shared"
     assert engine.describe()["downlink_shared"]["payloads"] == {"seeded": 1}
+    assert engine.describe()["downlink_shared"]["seeded_start"] is True
     assert engine.tally.bytes_down_broadcast == 0
+
+
+def test_without_the_seeded_start_a_first_contact_at_version_0_gets_the_whole_model() -> None:
+    # A library app whose initial arrays the devices do not build (pretrained): no task
+    # may be spent on a digest that cannot match.
+    config = RunConfig.of(
+        strategy="fedbuff",
+        downlink_kind="shared",
+        downlink_delta_codec=CHANGE,
+        downlink_seeded_start=False,
+    )
+    pretrained = initial_model(seed=9)
+    engine = AggregationEngine(config, pretrained)
+    for node in (7, 8):
+        flight = engine.plan_task(node, node)
+        assert flight.downlink.detail == "whole" and flight.downlink_bytes > 0
+        assert not flight.downlink.initial_digest
+        # the device's own build is another model: it is never asked to match it
+        ctx = context(node)
+        start = apply_shared_downlink(flight.downlink.payload, SPECS, ctx, version=0)
+        assert equal(start, {n: to_grid(t, "fp16") for n, t in pretrained.items()})
+        engine.arrived(flight, 0)
+        # the sequence starts on the grid: the whole model is the mirror, so the device
+        # is tracked and its next task needs no whole model
+        assert equal(start, engine.downlink.holds(node))
+    shared = engine.describe()["downlink_shared"]
+    assert shared["payloads"] == {"whole": 2} and shared["seeded_start"] is False
+    assert shared["whole_reasons"] == {"first-contact": 2}
+    assert engine.describe()["downlink_resyncs"] == 0
 
 
 def test_a_resumed_run_does_not_assume_the_seeded_start() -> None:
@@ -447,6 +477,13 @@ def test_the_mode_is_a_run_config_key_and_a_strategy_argument() -> None:
     assert strategy.config.compression.downlink_max_versions == 3
     # the default is unchanged: delta downlinks
     assert RunConfig.of().compression.downlink_kind == "delta"
+    # the seeded start: on by default, off by key or argument
+    assert RunConfig.of().compression.downlink_seeded_start is True
+    off = RunConfig.from_run_config({"downlink-kind": "shared", "downlink-seeded-start": False})
+    assert off.compression.downlink_seeded_start is False
+    strategy = TEASQ(downlink_kind="shared", downlink_seeded_start=False)
+    assert strategy.config.compression.downlink_seeded_start is False
+    assert TEASQ(downlink_kind="shared").config.compression.downlink_seeded_start is True
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,27 @@ def test_a_shared_run_keeps_every_device_on_one_sequence(tmp_path: Path) -> None
     assert "cumulative_bytes_down_broadcast" in result.evaluations[-1]
 
 
+def test_without_the_seeded_start_no_device_fails_a_task_on_its_initial_model(
+    tmp_path: Path,
+) -> None:
+    # downlink-seeded-start = false: first contacts get the whole model, so the device
+    # that builds another initial model is never asked to match it
+    result, events, clients = run(tmp_path, downlink_seeded_start=False, max_aggregations=4)
+    assert clients.refused == [] and of(events, "error") == []
+    dispatched = of(events, "dispatch")
+    first: dict[int, dict[str, Any]] = {}
+    for e in dispatched:
+        first.setdefault(e["node"], e)
+    assert all(e["downlink_detail"] == "whole" and e["bytes_down"] > 0 for e in first.values())
+    assert "seeded" not in {e["downlink_detail"] for e in dispatched}
+    by_version: dict[int, dict[str, torch.Tensor]] = {}
+    for node, version, start in clients.starts:  # BAD_SEED's included
+        assert same(start, by_version.setdefault(version, start)), (node, version)
+    shared = result.summary["downlink_shared"]
+    assert shared["seeded_start"] is False and "seeded" not in shared["payloads"]
+    assert result.summary["downlink_resyncs"] == 0
+
+
 def test_other_downlink_kinds_report_no_broadcast_figure(tmp_path: Path) -> None:
     result, events, _ = run(
         tmp_path,
