@@ -9,10 +9,18 @@ encoding and a frame's bytes are a function of its contents.
 from __future__ import annotations
 
 import struct
+import zlib
 
-from fedsync.wire.errors import LimitExceeded, MalformedField, TruncatedPayload
+from fedsync.wire.errors import (
+    BadMagic,
+    ChecksumMismatch,
+    LimitExceeded,
+    MalformedField,
+    TruncatedPayload,
+    UnsupportedVersion,
+)
 
-__all__ = ["MAX_VARINT_BYTES", "Reader", "Writer", "varint_len"]
+__all__ = ["MAX_VARINT_BYTES", "Reader", "Writer", "open_container", "varint_len"]
 
 MAX_VARINT_BYTES = 10
 """Bytes of the longest varint (a value just below 2**64)."""
@@ -158,3 +166,37 @@ class Reader:
             raise MalformedField(
                 f"not valid UTF-8 ({exc.reason} at byte {exc.start})", field=field, tensor=tensor
             ) from None
+
+
+def open_container(
+    payload: bytes | memoryview, *, magic: bytes, format_version: int, what: str, min_bytes: int
+) -> Reader:
+    """Check a small container frame's envelope -- ``magic``, a format-version byte, the
+    body, a CRC-32 of everything before it -- and return a reader of the body (after the
+    version byte, before the checksum).
+
+    ``min_bytes`` is the shortest frame of this kind (envelope included); ``what`` names
+    it in the errors (``"mask"``, ``"shared"``). Raises :class:`TruncatedPayload`,
+    :class:`BadMagic`, :class:`ChecksumMismatch` or :class:`UnsupportedVersion`.
+    """
+    data = memoryview(bytes(payload))
+    if len(data) < min_bytes:
+        raise TruncatedPayload(
+            f"too short for a {what} frame",
+            field=f"{what} frame",
+            expected=f">= {min_bytes} bytes",
+            got=len(data),
+        )
+    head = bytes(data[: len(magic)])
+    if head != magic:
+        raise BadMagic(f"not a {what} frame", field="magic", expected=magic, got=head)
+    (stored,) = struct.unpack_from("<I", data, len(data) - 4)
+    if zlib.crc32(data[:-4]) != stored:
+        raise ChecksumMismatch(f"{what} frame checksum does not match", field="crc32")
+    reader = Reader(data, len(magic), len(data) - 4)
+    version = reader.u8("version")
+    if version != format_version:
+        raise UnsupportedVersion(
+            f"unknown {what} frame version", field="version", expected=format_version, got=version
+        )
+    return reader

@@ -40,16 +40,12 @@ import numpy as np
 import torch
 
 from fedsync.updates import TensorSpec
-from fedsync.wire.buffer import Reader, Writer
+from fedsync.wire.buffer import Writer, open_container
 from fedsync.wire.errors import (
-    BadMagic,
-    ChecksumMismatch,
     CountMismatch,
     MalformedField,
     SchemaMismatch,
     TrailingBytes,
-    TruncatedPayload,
-    UnsupportedVersion,
 )
 from fedsync.wire.schema import DIGEST_BYTES, schema_digest
 
@@ -122,25 +118,13 @@ def decode_masks(payload: bytes | memoryview, specs: Mapping[str, TensorSpec]) -
         that is not the tensor's), :class:`~fedsync.wire.TruncatedPayload`,
         :class:`~fedsync.wire.TrailingBytes`, :class:`~fedsync.wire.MalformedField`.
     """
-    data = memoryview(bytes(payload))
-    if len(data) < len(MASK_MAGIC) + 1 + 4:
-        raise TruncatedPayload(
-            "too short for a mask frame", field="mask frame", expected=">= 9 bytes", got=len(data)
-        )
-    if bytes(data[:4]) != MASK_MAGIC:
-        raise BadMagic("not a mask frame", field="magic", expected=MASK_MAGIC, got=bytes(data[:4]))
-    (stored,) = struct.unpack_from("<I", data, len(data) - 4)
-    if zlib.crc32(data[:-4]) != stored:
-        raise ChecksumMismatch("mask frame checksum does not match", field="crc32")
-    reader = Reader(data, 4, len(data) - 4)
-    format_version = reader.u8("version")
-    if format_version != MASK_FORMAT_VERSION:
-        raise UnsupportedVersion(
-            "unknown mask format version",
-            field="version",
-            expected=MASK_FORMAT_VERSION,
-            got=format_version,
-        )
+    reader = open_container(
+        payload,
+        magic=MASK_MAGIC,
+        format_version=MASK_FORMAT_VERSION,
+        what="mask",
+        min_bytes=len(MASK_MAGIC) + 1 + 4,
+    )
     version = reader.varint("model version")
     digest = bytes(reader.take(DIGEST_BYTES, "schema"))
     if digest != schema_digest(specs):

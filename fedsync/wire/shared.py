@@ -49,16 +49,12 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsync.wire.buffer import Reader, Writer
+from fedsync.wire.buffer import Reader, Writer, open_container
 from fedsync.wire.errors import (
-    BadMagic,
-    ChecksumMismatch,
     LimitExceeded,
     MalformedField,
     TrailingBytes,
-    TruncatedPayload,
     UnknownCode,
-    UnsupportedVersion,
 )
 
 __all__ = [
@@ -182,30 +178,13 @@ def decode_shared(payload: bytes | memoryview) -> SharedFrame:
         increase), :class:`~fedsync.wire.LimitExceeded` (link count),
         :class:`~fedsync.wire.TrailingBytes`.
     """
-    data = memoryview(bytes(payload))
-    if len(data) < len(SHARED_MAGIC) + 3 + 4:
-        raise TruncatedPayload(
-            "too short for a shared frame",
-            field="shared frame",
-            expected=">= 11 bytes",
-            got=len(data),
-        )
-    if bytes(data[:4]) != SHARED_MAGIC:
-        raise BadMagic(
-            "not a shared frame", field="magic", expected=SHARED_MAGIC, got=bytes(data[:4])
-        )
-    (stored,) = struct.unpack_from("<I", data, len(data) - 4)
-    if zlib.crc32(data[:-4]) != stored:
-        raise ChecksumMismatch("shared frame checksum does not match", field="crc32")
-    reader = Reader(data, 4, len(data) - 4)
-    version = reader.u8("version")
-    if version != SHARED_FORMAT_VERSION:
-        raise UnsupportedVersion(
-            "unknown shared frame version",
-            field="version",
-            expected=SHARED_FORMAT_VERSION,
-            got=version,
-        )
+    reader = open_container(
+        payload,
+        magic=SHARED_MAGIC,
+        format_version=SHARED_FORMAT_VERSION,
+        what="shared",
+        min_bytes=len(SHARED_MAGIC) + 3 + 4,
+    )
     grid_code = reader.u8("grid")
     if grid_code >= len(GRIDS):
         raise UnknownCode("unknown grid", field="grid", expected=f"< {len(GRIDS)}", got=grid_code)
