@@ -36,6 +36,24 @@ DOCUMENTS = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("
 
 
 # --- the results pages ------------------------------------------------------------------------
+
+
+def one_result_page(json_path: str, kind: str) -> str:
+    """A manifest of one page ``p`` with one result of ``kind`` drawn from ``json_path``."""
+    return f"""
+[[page]]
+name = "p"
+title = "T"
+summary = "S"
+description = "D"
+[[page.result]]
+json = "{json_path}"
+kind = "{kind}"
+heading = "H"
+description = "D"
+"""
+
+
 def test_every_results_page_is_what_the_generator_writes() -> None:
     stale = stale_pages(ROOT)
     assert not stale, (
@@ -87,18 +105,7 @@ def test_the_manifest_may_not_repeat_what_the_json_carries(tmp_path: Path) -> No
         "machine": {"cpus": 4, "load_average": [0.5, 0.4, 0.3], "platform": "Linux"},
     }
     (folder / "comparison.json").write_text(json.dumps(document), encoding="utf-8")
-    page = """
-[[page]]
-name = "p"
-title = "T"
-summary = "S"
-description = "D"
-[[page.result]]
-json = "r/comparison.json"
-kind = "comparison"
-heading = "H"
-description = "D"
-"""
+    page = one_result_page("r/comparison.json", "comparison")
     (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
     text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
     assert "python -m fedsync.simulations.compare fmnist-ci" in text
@@ -130,18 +137,9 @@ def test_a_table_result_renders_named_columns_of_any_json(tmp_path: Path) -> Non
         "stream": {"torch.sum": 10.5},
     }
     (tmp_path / "x.json").write_text(json.dumps(document), encoding="utf-8")
-    page = """
-[[page]]
-name = "p"
-title = "T"
-summary = "S"
-description = "D"
-[[page.result]]
-json = "x.json"
-kind = "table"
-heading = "H"
-description = "D"
-commit = "abc1234"
+    page = (
+        one_result_page("x.json", "table")
+        + """commit = "abc1234"
 date = "2026-01-01"
 [[page.result.tables]]
 caption = "Cap:"
@@ -152,6 +150,7 @@ columns = [["clock", "{@1}"], ["method", "`{@}`"], ["n", "{numel:,}"], ["threads
 rows = ["stream", "machine"]
 columns = [["what", "{@}"], ["rate", "{torch.sum:g}"], ["cores", "{cores}"]]
 """
+    )
     (tmp_path / "sources.toml").write_text(page, encoding="utf-8")
     text = render_pages(tmp_path, tmp_path / "sources.toml")["p.md"]
     assert "python -m benchmarks.x --fast" in text and "2 CPUs, Python 3.11.7" in text
