@@ -174,26 +174,19 @@ def apply_downlink(
     *,
     keep_base: bool = True,
     masks: Masks | None = None,
+    initial_digest: str = "",
+    initial: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Decode the downlink into the model to start from; remember it if ``keep_base``.
 
-    ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs.
+    ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs. A
+    delta with ``initial_digest`` (a seeded start: the task is this node's first and the
+    run started from the seeded initial model) applies to ``initial``, this node's own
+    initial model, checked against the digest (:class:`InitialModelMismatch` otherwise),
+    not to a base the node holds; its payload is empty while the global model is still
+    that version 0.
     """
-    decoded = densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
-    if kind == "full":
-        start = decoded
-    elif kind == "delta":
-        base_record = context.state.array_records.get(DOWNLINK_BASE)
-        if base_record is None or set(base_record.keys()) != set(decoded):
-            raise MissingDownlinkBase(
-                "delta downlink but this node holds no base model (restarted?); "
-                "the server must send a full model"
-            )
-        start = {
-            name: torch.from_numpy(base_record[name].numpy()) + decoded[name] for name in decoded
-        }
-    else:
-        raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
+    start = _downlink_start(payload, kind, specs, context, masks, initial_digest, initial)
     if not keep_base:
         context.state.array_records.pop(DOWNLINK_BASE, None)
         return start
@@ -201,6 +194,35 @@ def apply_downlink(
         {name: Array(tensor.numpy()) for name, tensor in start.items()}
     )
     return start
+
+
+def _downlink_start(
+    payload: bytes,
+    kind: str,
+    specs: Mapping[str, TensorSpec],
+    context: Context,
+    masks: Masks | None,
+    initial_digest: str,
+    initial: Mapping[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    if kind not in ("full", "delta"):
+        raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
+    if kind == "full":
+        return densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
+    if initial_digest:
+        base = _initial_base(initial_digest, initial, specs)[2]
+        if not payload:
+            return base
+    else:
+        base_record = context.state.array_records.get(DOWNLINK_BASE)
+        if base_record is None or set(base_record.keys()) != set(specs):
+            raise MissingDownlinkBase(
+                "delta downlink but this node holds no base model (restarted?); "
+                "the server must send a full model"
+            )
+        base = {name: torch.from_numpy(base_record[name].numpy()) for name in specs}
+    decoded = densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
+    return {name: base[name] + decoded[name] for name in specs}
 
 
 def apply_shared_downlink(

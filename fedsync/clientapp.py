@@ -189,9 +189,9 @@ def receive(
         A downlink frame that is broken, of another codec, or of another model.
     fedsync.clients.compressed.MissingDownlinkBase
         A delta downlink on a node that holds no base (it restarted): the server sends
-        a full model with its next task. With ``downlink-kind = "shared"`` its
-        subclasses too: :class:`~fedsync.clients.compressed.DownlinkVersionMismatch`
-        (a frame for another version or base than this node holds) and
+        a full model with its next task. Its subclasses too:
+        :class:`~fedsync.clients.compressed.DownlinkVersionMismatch` (a shared frame
+        for another version or base than this node holds) and
         :class:`~fedsync.clients.compressed.InitialModelMismatch` (the task starts
         from the seeded initial model, and ``model`` as given is not it: build it as
         the server built its ``initial_arrays``, e.g. with
@@ -229,6 +229,8 @@ def receive(
             context,
             keep_base=task.delta_downlinks,
             masks=masks,
+            initial_digest=task.initial_digest,
+            initial=model_state(model) if task.initial_digest else None,
         )
     model.load_state_dict(start, strict=False)
     factored: FactoredModel | None = None

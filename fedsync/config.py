@@ -447,11 +447,12 @@ class CompressionSection(Section):
         "behind, or whose missed changes outweigh a whole model, gets the whole model",
     )
     downlink_seeded_start: bool = key(
-        True,
-        "shared downlink, run starting at version 0: a device's first task starts from the "
-        "initial model it builds itself (empty payload, digest checked; a device whose model "
-        "differs fails that task and gets a whole model); false: the whole model (set it "
-        "when the initial model is pretrained or not built by fedsync's seeded builder)",
+        False,
+        "delta and shared downlinks, run starting at version 0: every device builds the "
+        "initial model itself (fedsync.models.initial.seeded_model, the run's seed), so its "
+        "first task starts from it: an empty payload at version 0, a delta against it later "
+        "(digest checked; a device whose model differs fails that task and gets a whole "
+        "model); false: first tasks carry the whole model (pretrained or unseeded models)",
     )
     prune_at_version: int = key(
         -1,

@@ -353,6 +353,7 @@ class AggregationEngine:
                 keep_start=self.strategy.needs_start_model,
                 max_lag=compression.downlink_max_lag,
                 device=self.device,
+                **(self._seeded_start(global_state, version) if delta else {}),
             )
         self.buffer = UpdateBuffer(
             self.specs,
@@ -568,7 +569,7 @@ class AggregationEngine:
             **(
                 {"downlink_shared": self.downlink.describe()}
                 if isinstance(self.downlink, SharedDownlink)
-                else {}
+                else {"downlink": self.downlink.describe()}
             ),
             "pruning": self.pruned.describe() if self.pruned is not None else None,
             "ab_training": self.ab.describe() if self.ab is not None else None,
@@ -611,11 +612,11 @@ class AggregationEngine:
         self, global_state: Mapping[str, torch.Tensor], version: int
     ) -> SharedDownlink:
         """``downlink-kind = "shared"``: one change per version for every device; a run
-        that starts at version 0 starts every device at the seeded initial model, unless
-        ``downlink-seeded-start`` is false (the initial model is not one a device builds
-        itself: a first contact gets the whole model, the sequence starts on the grid)."""
+        that starts at version 0 with ``downlink-seeded-start`` starts every device at the
+        seeded initial model (otherwise a first contact gets the whole model, and the
+        sequence starts on the grid)."""
         compression = self.config.compression
-        seeded = version == 0 and compression.downlink_seeded_start
+        seeded = self._seeded_start(global_state, version)
         for spec in self.downlink_schedule.extreme_specs():
             if _has_feedback(self._codec(spec)):
                 raise SettingsError(
@@ -631,15 +632,25 @@ class AggregationEngine:
             full_codec=self._downlink_codec(compression.downlink_codec),
             grid=grid,
             delta_codec=lambda v: self._codec(self._masked(self.downlink_schedule.spec(v))),
-            initial=self.trained if seeded else None,
-            initial_digest=(
-                state_digest({name: global_state[name] for name in self.specs}) if seeded else ""
-            ),
+            **seeded,
             max_versions=compression.downlink_max_versions,
             max_lag=compression.downlink_max_lag,
             keep_start=self.strategy.needs_start_model,
             device=self.device,
         )
+
+    def _seeded_start(
+        self, global_state: Mapping[str, torch.Tensor], version: int
+    ) -> dict[str, Any]:
+        """The delta and shared downlinks' seeded start: the initial model and its digest
+        when the run starts at version 0 and ``downlink-seeded-start`` says every device
+        builds that model itself; empty otherwise."""
+        if version != 0 or not self.config.compression.downlink_seeded_start:
+            return {}
+        return {
+            "initial": self.trained,
+            "initial_digest": state_digest({name: global_state[name] for name in self.specs}),
+        }
 
     def _downlink_codec(self, spec: str) -> UpdateCodecLike:
         codec = self._codec(spec)

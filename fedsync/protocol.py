@@ -121,8 +121,8 @@ base of the next delta."""
 RUN_SEED: Final = "run-seed"
 """The run's ``seed`` (a node seeds its codec's random choices with it and its partition)."""
 INITIAL_DIGEST: Final = "initial-digest"
-"""A shared downlink's: the digest of the seeded initial model the task starts from (on
-the node's first contact); absent otherwise."""
+"""A delta or shared downlink's: the digest of the seeded initial model the task starts
+from (on the node's first contact); absent otherwise."""
 
 # --- reply metric keys (client -> server) ---------------------------------------------
 NUM_EXAMPLES: Final = "num-examples"
@@ -257,8 +257,8 @@ class TrainTask:
     run_seed : int
         The run's seed.
     initial_digest : str
-        A shared downlink's: the seeded initial model's digest when the task starts
-        from it (``""`` otherwise).
+        A delta or shared downlink's: the seeded initial model's digest when the task
+        starts from it (``""`` otherwise).
     extra : mapping of str to config value
         The application's own task config (``train_config`` of
         :meth:`fedsync.serverapp.AsyncStrategy.start`), sent in the same CONFIG record;

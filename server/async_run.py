@@ -513,11 +513,12 @@ class AsyncRun:
 
 
 def _shared_fields(plan: InFlight) -> dict[str, Any]:
-    """A shared downlink's dispatch fields (none for the other kinds): what the payload
-    carried, how many changes, and what it adds to the broadcast figure."""
+    """A shared downlink's dispatch fields: what the payload carried, how many changes,
+    and what it adds to the broadcast figure; a delta's ``seeded`` first task says so;
+    none otherwise."""
     downlink = plan.downlink
     if downlink.broadcast_bytes is None:
-        return {}
+        return {"downlink_detail": downlink.detail} if downlink.detail else {}
     return {
         "downlink_detail": downlink.detail,
         "downlink_changes": downlink.links,

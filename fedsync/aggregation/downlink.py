@@ -12,7 +12,11 @@ Two modes (``downlink-kind``):
   nothing is lost over time. A device with no known replica (its first task, or after
   any failed or lost task, when it may or may not have applied the last delta) gets a
   ``full`` payload instead, which replaces whatever it held; so does a device whose delta
-  would leave it more than ``max_lag`` (relative L2) away from the global model.
+  would leave it more than ``max_lag`` (relative L2) away from the global model. With a
+  seeded start (``initial``: the run starts at version 0 from the model every device
+  builds itself, :mod:`fedsync.models.initial`) a device's first task takes that model
+  as its replica instead: nothing to send while the global model is still version 0, a
+  delta against version 0 later (with the model's digest, which the device checks).
 
 Replicas are committed only when the device's reply is in: until then the server
 cannot know the device applied the payload.
@@ -24,6 +28,7 @@ per device), is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -109,6 +114,12 @@ class DownlinkEncoder:
     delta_codec : callable, optional
         Model version -> codec for delta payloads (``downlink-delta-codec`` with the
         downlink schedule's density and bits filled in); required with ``"delta"``.
+    initial : mapping of str to torch.Tensor, optional
+        Delta mode: the seeded initial model (version 0) every device builds itself; a
+        device's first task then starts from it plus a delta, not from a full payload.
+    initial_digest : str
+        :func:`fedsync.models.initial.state_digest` of ``initial``, sent with the tasks
+        that start from it (required with ``initial``).
     keep_start : bool
         Return with each payload the model it decodes to on the device
         (:attr:`DownlinkPayload.start`), for strategies that mix models.
@@ -132,11 +143,15 @@ class DownlinkEncoder:
         keep_start: bool = False,
         max_lag: float = math.inf,
         device: str | torch.device = "cpu",
+        initial: Mapping[str, torch.Tensor] | None = None,
+        initial_digest: str = "",
     ) -> None:
         if kind not in ("full", "delta"):
             raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
         if kind == "delta" and delta_codec is None:
             raise ValueError("downlink-kind 'delta' needs a delta codec")
+        if initial is not None and (kind != "delta" or not initial_digest):
+            raise ValueError("a seeded start needs downlink-kind 'delta' and the initial digest")
         self.specs = dict(specs)
         self.kind: DownlinkKind = kind
         self._full_codec = full_codec
@@ -150,6 +165,17 @@ class DownlinkEncoder:
         self._full: tuple[int, bytes, dict[str, torch.Tensor] | None] | None = None
         self._replicas: dict[int, dict[str, torch.Tensor]] = {}
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
+        self._initial = (
+            {name: initial[name].detach().to(self.device, copy=True) for name in self.specs}
+            if initial is not None
+            else None
+        )
+        self.initial_digest = initial_digest if initial is not None else ""
+        self._known: set[int] = set()
+        """Devices that had a task: only a first task starts from the seeded model."""
+        self.payloads: Counter[str] = Counter()
+        """Payloads by kind: ``full``, ``delta``, ``seeded`` (a first task from the seeded
+        initial model: empty at version 0, else a delta against it)."""
 
     def prepare(
         self, node_id: int, state: Mapping[str, torch.Tensor], version: int
@@ -166,12 +192,23 @@ class DownlinkEncoder:
             The global model's version (full payloads are cached by it).
         """
         replica = self._replicas.get(node_id) if self.kind == "delta" else None
+        seeded = replica is None and self._initial is not None and node_id not in self._known
+        if seeded:
+            assert self._initial is not None
+            replica = self._initial
+            if _equal(state, replica):
+                # Version 0, unchanged: the device holds its start already.
+                self._pending[node_id] = {name: t.clone() for name, t in replica.items()}
+                self.payloads["seeded"] += 1
+                return self._payload(b"", "delta", self._pending[node_id], seeded=True)
         if replica is not None:
-            delta = self._delta(node_id, state, replica, version)
+            delta = self._delta(node_id, state, replica, version, seeded=seeded)
             if delta.lag <= self.max_lag:
+                self.payloads["seeded" if seeded else "delta"] += 1
                 return delta
             # The codec left too much of the model behind: resynchronise with a full one.
             self.resyncs += 1
+        self.payloads["full"] += 1
         payload, decoded = self._full_payload(state, version)
         start = None
         if decoded is not None:
@@ -181,12 +218,32 @@ class DownlinkEncoder:
             self._pending[node_id] = start
         return DownlinkPayload(payload, "full", start if self.keep_start else None)
 
+    def _payload(
+        self,
+        payload: bytes,
+        kind: DownlinkKind,
+        start: dict[str, torch.Tensor],
+        lag: float = 0.0,
+        *,
+        seeded: bool,
+    ) -> DownlinkPayload:
+        return DownlinkPayload(
+            payload,
+            kind,
+            start if self.keep_start else None,
+            lag,
+            detail="seeded" if seeded else "",
+            initial_digest=self.initial_digest if seeded else "",
+        )
+
     def _delta(
         self,
         node_id: int,
         state: Mapping[str, torch.Tensor],
         replica: Mapping[str, torch.Tensor],
         version: int,
+        *,
+        seeded: bool = False,
     ) -> DownlinkPayload:
         assert self._delta_codec is not None
         codec = self._delta_codec(version)
@@ -200,16 +257,18 @@ class DownlinkEncoder:
         }
         self._pending[node_id] = start
         lag = relative_gap(state, start)
-        return DownlinkPayload(payload, "delta", start if self.keep_start else None, lag)
+        return self._payload(payload, "delta", start, lag, seeded=seeded)
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload decoded to."""
+        self._known.add(node_id)
         pending = self._pending.pop(node_id, None)
         if pending is not None:
             self._replicas[node_id] = pending
 
     def reset(self, node_id: int) -> None:
         """The device's state is unknown (failed/lost task): next payload is full."""
+        self._known.add(node_id)
         self._pending.pop(node_id, None)
         self._replicas.pop(node_id, None)
 
@@ -222,6 +281,8 @@ class DownlinkEncoder:
         """
         self._full_codec = full_codec
         self._full = None
+        self._initial = None
+        self.initial_digest = ""
         self._replicas.clear()
         self._pending.clear()
 
@@ -236,6 +297,15 @@ class DownlinkEncoder:
         """Devices whose model the server mirrors (delta mode)."""
         return len(self._replicas)
 
+    def describe(self) -> dict[str, object]:
+        """Payload counts and resyncs, for ``summary.json``."""
+        return {
+            "kind": self.kind,
+            "seeded_start": bool(self.initial_digest) or self.payloads["seeded"] > 0,
+            "payloads": dict(sorted(self.payloads.items())),
+            "resyncs": self.resyncs,
+        }
+
     def _full_payload(
         self, state: Mapping[str, torch.Tensor], version: int
     ) -> tuple[bytes, dict[str, torch.Tensor] | None]:
@@ -248,6 +318,10 @@ class DownlinkEncoder:
             )
             self._full = (version, payload, decoded)
         return self._full[1], self._full[2]
+
+
+def _equal(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> bool:
+    return all(torch.equal(state[name], held[name]) for name in held)
 
 
 def relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:

@@ -117,9 +117,10 @@ class AsyncStrategy:
     downlink_kind : {"delta", "full", "shared"}
         Deltas against the model each device holds, the whole model every task, or one
         change per model version shared by every device
-        (:mod:`fedsync.aggregation.shared_downlink`; ``downlink_max_versions=``;
-        ``downlink_seeded_start=False`` when ``initial_arrays`` are pretrained or not
-        what each device builds itself: first tasks then carry the whole model).
+        (:mod:`fedsync.aggregation.shared_downlink`; ``downlink_max_versions=``);
+        ``downlink_seeded_start=True`` when every device builds ``initial_arrays`` itself
+        (:func:`fedsync.models.initial.seeded_model` on both sides): first tasks then
+        start from it instead of carrying the whole model.
     downlink_delta_codec : str or CompressionSchedule
         Codec of delta downlinks.
     **settings

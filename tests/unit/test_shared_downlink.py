@@ -196,7 +196,11 @@ def test_first_contact_at_version_0_costs_no_downlink_bytes() -> None:
 
 def test_first_contact_at_version_0_through_the_engine_counts_zero_bytes() -> None:
     config = RunConfig.of(
-        strategy="fedbuff", downlink_kind="shared", downlink_delta_codec=CHANGE, seed=3
+        strategy="fedbuff",
+        downlink_kind="shared",
+        downlink_delta_codec=CHANGE,
+        downlink_seeded_start=True,
+        seed=3,
     )
     state = {**initial_model(), "steps": torch.tensor(4)}
     engine = AggregationEngine(config, state)
@@ -253,7 +257,10 @@ def test_without_the_seeded_start_a_first_contact_at_version_0_gets_the_whole_mo
 def test_a_resumed_run_does_not_assume_the_seeded_start() -> None:
     # A checkpoint's model is not version 0: every device gets the whole model first.
     config = RunConfig.of(
-        strategy="fedasync-mix", downlink_kind="shared", downlink_delta_codec=CHANGE
+        strategy="fedasync-mix",
+        downlink_kind="shared",
+        downlink_delta_codec=CHANGE,
+        downlink_seeded_start=True,
     )
     engine = AggregationEngine(config, initial_model(), version=3)
     flight = engine.plan_task(1, 1)
@@ -477,13 +484,14 @@ def test_the_mode_is_a_run_config_key_and_a_strategy_argument() -> None:
     assert strategy.config.compression.downlink_max_versions == 3
     # the default is unchanged: delta downlinks
     assert RunConfig.of().compression.downlink_kind == "delta"
-    # the seeded start: on by default, off by key or argument
-    assert RunConfig.of().compression.downlink_seeded_start is True
-    off = RunConfig.from_run_config({"downlink-kind": "shared", "downlink-seeded-start": False})
-    assert off.compression.downlink_seeded_start is False
-    strategy = TEASQ(downlink_kind="shared", downlink_seeded_start=False)
-    assert strategy.config.compression.downlink_seeded_start is False
-    assert TEASQ(downlink_kind="shared").config.compression.downlink_seeded_start is True
+    # the seeded start: off by default (a library app's own model is not seeded), on
+    # by key or argument
+    assert RunConfig.of().compression.downlink_seeded_start is False
+    on = RunConfig.from_run_config({"downlink-kind": "shared", "downlink-seeded-start": True})
+    assert on.compression.downlink_seeded_start is True
+    strategy = TEASQ(downlink_kind="shared", downlink_seeded_start=True)
+    assert strategy.config.compression.downlink_seeded_start is True
+    assert TEASQ(downlink_kind="shared").config.compression.downlink_seeded_start is False
 
 
 @pytest.mark.parametrize(

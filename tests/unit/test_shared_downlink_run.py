@@ -86,14 +86,7 @@ class SharedClients:
             node, Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
         )
         try:
-            start = apply_shared_downlink(
-                task.payload,
-                SPECS,
-                context,
-                version=task.version,
-                initial_digest=task.initial_digest,
-                initial=initial(1 if node == BAD_SEED else 0),
-            )
+            start = self.start(task, context, initial(1 if node == BAD_SEED else 0))
         except MissingDownlinkBase as err:  # and its subclasses: what a ClientApp raises
             self.refused.append((node, type(err).__name__))
             reason = f"ClientApp raised: {type(err).__name__}: {err}"
@@ -118,6 +111,19 @@ class SharedClients:
         content = RecordDict({protocol.UPLINK: uplink, protocol.METRICS: metrics})
         return Message(content, reply_to=message)
 
+    def start(
+        self, task: TrainTask, context: Context, own: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The task's start model on a node that builds ``own`` as its initial model."""
+        return apply_shared_downlink(
+            task.payload,
+            SPECS,
+            context,
+            version=task.version,
+            initial_digest=task.initial_digest,
+            initial=own,
+        )
+
 
 def run(
     tmp_path: Path, **overrides: Any
@@ -136,6 +142,7 @@ def run(
         "downlink_delta_codec": "topk:0.1+uniform:8",
         "downlink_max_versions": 4,
         "downlink_max_lag": 1.0,  # no restarts: the sequence is the point here
+        "downlink_seeded_start": True,
         "plots": False,
         **overrides,
     }
@@ -232,6 +239,7 @@ def test_other_downlink_kinds_report_no_broadcast_figure(tmp_path: Path) -> None
         tmp_path,
         downlink_kind="delta",
         downlink_delta_codec="none+uniform:{bits}",
+        downlink_seeded_start=False,
         max_aggregations=2,
     )  # every task fails (the devices expect shared frames): the fields are what counts
     summary = result.summary
