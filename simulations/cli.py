@@ -207,6 +207,10 @@ def compare(
     scale: Annotated[
         float, typer.Option(help="multiply every run's length (default 1)", show_default=False)
     ] = 1.0,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="run-config seed of every strategy (default: the scenario's)"),
+    ] = None,
     run_dir: Annotated[
         str, typer.Option(help="folder for the SuperLink and runs", show_default=False)
     ] = "",
@@ -226,6 +230,7 @@ def compare(
     argv = [scenario, "--scale", str(scale)]
     argv += ["--out", out] if out else []
     argv += ["--only", only] if only else []
+    argv += ["--seed", str(seed)] if seed is not None else []
     argv += ["--run-dir", run_dir] if run_dir else []
     argv += ["--verbose"] if verbose else []
     argv += ["--allow-divergence"] if allow_divergence else []

@@ -5,6 +5,7 @@
     python -m fedsync.simulations.compare digits-stragglers --out results/compare/digits
     python -m fedsync.simulations.compare fmnist-ci --only teasq,fedavg --verbose
     python -m fedsync.simulations.compare fmnist-teasq --scale 0.25   # a quarter of every budget
+    python -m fedsync.simulations.compare fmnist-ci --seed 1 --out results/compare/ci-seed1
 
 Every strategy of the scenario (:mod:`fedsync.simulations.scenario`) runs as its own
 ``flwr run`` on one ``flower-superlink --simulation`` (Flower's simulation engine),
@@ -13,7 +14,9 @@ started for the comparison and stopped at its end by process id. Each run writes
 fixed (absolute, or a fraction of the best final accuracy), and the simulated time and
 bytes each strategy needed to first reach it are read off its evaluation series -- the
 same series for every strategy, so the numbers compare like for like, whatever target
-the runs themselves were given.
+the runs themselves were given. ``--seed`` runs every strategy with another run-config
+``seed`` (data split, fleet assignment, initial model), recorded in ``comparison.json``;
+:mod:`fedsync.simulations.seeds` draws the spread over several seeds' comparisons.
 
 This module runs the strategies and is the command line; what the runs produced and
 the comparison drawn from them are :mod:`fedsync.simulations.results`, the files written from
@@ -174,7 +177,7 @@ def _progress_line(result: RunResult, done: int, total: int) -> str:
 # --- the command line -------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fedsync.simulations.compare SCENARIO [--out DIR] [--only a,b] [--scale F]
-    [--run-dir DIR] [--verbose]``; returns the exit status."""
+    [--seed N] [--run-dir DIR] [--verbose]``; returns the exit status."""
     args = _parser().parse_args(argv)
     # SIGTERM (what kill and CI runners send; a job started in the background even
     # ignores SIGINT) must still reach the runner's ``finally``, which stops the
@@ -185,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only:
             scenario = scenario.only(args.only.split(","))
         scenario = scenario.scaled(args.scale)
+        if args.seed is not None:
+            scenario = scenario.seeded(args.seed)
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -192,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = out.resolve()
     run_dir = Path(args.run_dir).resolve() if args.run_dir else _default_run_dir(out, scenario)
     print(
-        f"[compare] {scenario.name}: {', '.join(scenario.labels)}; "
+        f"[compare] {scenario.name} (seed {scenario.seed}): {', '.join(scenario.labels)}; "
         f"reports in {out}, runs in {run_dir}",
         flush=True,
     )
@@ -249,6 +254,11 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="multiply every run's num-rounds / max-aggregations / max-tasks (a cheaper run)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="run-config seed of every strategy (default: the scenario's own)",
     )
     parser.add_argument("--verbose", action="store_true", help="stream every run's log")
     parser.add_argument(

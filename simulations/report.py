@@ -70,6 +70,8 @@ def write_markdown(comparison: Comparison, path: Path) -> Path:
             f"Run lengths scaled by {scenario.scale:g} from the scenario file (`--scale`).",
             "",
         ]
+    if scenario.seed is not None:
+        lines += [f"Seed {scenario.seed} (run-config `seed` of every strategy).", ""]
     lines += [
         "| strategy | status | final acc | best acc | sim s to target | MB up to target "
         "| MB down to target | MB total to target | time ratio | uplink ratio "
@@ -326,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document (the same scenario at the same scale, other labels: runs of one scenario
     split across runners), and, for the scenario's other labels, the run folders under
     ``--runs`` (a runner's ``results/``; see :func:`fedsync.simulations.results.read_run`).
+    The documents that record a seed must record the same one; it is kept.
 
     The JSON's ``provenance`` stays that of the runs: ``OUT``'s own block is kept, each
     ``--add`` document's block goes under ``inputs`` (with the labels it gave), and this
@@ -401,6 +404,7 @@ def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
     documents = [own] if own.is_file() else []
     documents += [Path(path) for path in args.add]
     name, scale = args.scenario, args.scale
+    seed: int | None = None
     results: dict[str, RunResult] = {}
     for path in documents:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -408,6 +412,10 @@ def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
         scale = scale if scale is not None else float(document.get("scale", 1.0))
         if document.get("scenario") != name or float(document.get("scale", 1.0)) != scale:
             raise ValueError(f"{path}: not scenario {name!r} at scale {scale:g}")
+        if document.get("seed") is not None:
+            if seed is not None and document["seed"] != seed:
+                raise ValueError(f"{path}: seed {document['seed']}, not {seed}")
+            seed = int(document["seed"])
         labels = []
         for result in runs_of(document):
             if result.label in results:
@@ -433,6 +441,7 @@ def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
     if not results:
         raise ValueError(f"no runs of scenario {name!r} found")
     scenario = scenario.only(results).scaled(1.0 if scale is None else scale)
+    scenario = scenario if seed is None else scenario.seeded(seed)
     return build_comparison(scenario, [results[label] for label in scenario.labels]), sources
 
 

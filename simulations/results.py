@@ -3,9 +3,10 @@
 A run's evaluation series (:class:`EvalPoint`, read from its ``summary.json`` or its
 ``events.jsonl`` by :func:`read_series`), how the run went (:class:`RunResult`), and the
 comparison of all runs (:func:`build_comparison`): the target accuracy fixed after every
-run is done, when and at what cost each run first reached it, and the ratios against
-the baseline. No plotting and no processes here: :mod:`fedsync.simulations.report` writes the
-files, :mod:`fedsync.simulations.compare` runs the strategies.
+run is done, when and at what cost each run first reached it (and its smoothed curve,
+:func:`smoothed_reaching`), and the ratios against the baseline. No plotting and no
+processes here: :mod:`fedsync.simulations.report` writes the files,
+:mod:`fedsync.simulations.compare` runs the strategies.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fedsync.reports import RunSummary, read_events
 from fedsync.simulations.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
     "COMPLETED",
+    "SMOOTHING_WINDOW",
     "STALENESS_BINS",
     "Comparison",
     "EvalPoint",
@@ -35,11 +37,17 @@ __all__ = [
     "read_run",
     "read_series",
     "runs_of",
+    "smoothed_reaching",
     "staleness_bins",
 ]
 
 COMPLETED = "finished:completed"
 """The SuperLink's status of a run whose ServerApp returned normally."""
+
+SMOOTHING_WINDOW = 3
+"""Evaluations in the trailing moving average of the smoothed target crossing
+(:func:`smoothed_reaching`): one evaluation that happens to land above the target does not
+count, the mean of this many consecutive ones has to."""
 
 
 # --- what one run produced ------------------------------------------------------------------
@@ -110,6 +118,28 @@ def first_reaching_loss(series: Sequence[EvalPoint], target: float | None) -> Ev
     for point in series:
         if point.loss <= target:
             return point
+    return None
+
+
+def smoothed_reaching(
+    series: Sequence[EvalPoint],
+    target: float | None,
+    metric: Literal["accuracy", "loss"] = "accuracy",
+    window: int = SMOOTHING_WINDOW,
+) -> EvalPoint | None:
+    """The first evaluation at which the trailing mean of ``metric`` reaches ``target``.
+
+    The mean is over that evaluation and the ``window - 1`` before it, so it exists from
+    the ``window``-th evaluation on (a shorter series never reaches the target). Reaching
+    is at least ``target`` for accuracy, at most for loss; ``None``: never.
+    """
+    if target is None:
+        return None
+    values = [getattr(point, metric) for point in series]
+    for i in range(window - 1, len(series)):
+        mean = math.fsum(values[i - window + 1 : i + 1]) / window
+        if (mean >= target) if metric == "accuracy" else (mean <= target):
+            return series[i]
     return None
 
 
@@ -196,6 +226,8 @@ class Comparison:
             "target_loss": self.target if self.metric == "loss" else None,
             "baseline": scenario.baseline,
             "scale": scenario.scale,
+            "seed": scenario.seed,
+            "smoothing_window": SMOOTHING_WINDOW,
             "federation": dict(scenario.federation),
             "all_completed": self.all_completed,
             "strategies": self.rows,
@@ -224,6 +256,7 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
     rows = []
     for result in results:
         hit = reached[result.label]
+        smooth = smoothed_reaching(result.series, target, rule.metric)
         summary = result.summary
         rows.append(
             {
@@ -245,6 +278,12 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                     "bytes_up": hit.bytes_up if hit else None,
                     "bytes_down": hit.bytes_down if hit else None,
                     "bytes_total": hit.bytes_total if hit else None,
+                },
+                # The same target, crossed by the smoothed curve (SMOOTHING_WINDOW).
+                "target_smoothed": {
+                    "reached": smooth is not None,
+                    "sim_time": smooth.sim_time if smooth else None,
+                    "bytes_total": smooth.bytes_total if smooth else None,
                 },
                 "ratios_vs_baseline": {
                     "time_to_target": ratio(
@@ -361,7 +400,8 @@ def load_comparison(document: Mapping[str, Any]) -> Comparison:
     """The comparison a ``comparison.json`` document was written from, rebuilt (with
     whatever :func:`build_comparison` computes today): the reports of a finished
     comparison can be written again without running anything. The scenario is loaded by
-    name and cut to the rows' labels at the document's scale.
+    name and cut to the rows' labels at the document's scale and seed (the scenario's own
+    seed when the document records none).
 
     Raises
     ------
@@ -372,6 +412,8 @@ def load_comparison(document: Mapping[str, Any]) -> Comparison:
     scenario = load_scenario(str(document.get("scenario", "")))
     scenario = scenario.only(r.label for r in results)
     scenario = scenario.scaled(float(document.get("scale", 1.0)))
+    if document.get("seed") is not None:
+        scenario = scenario.seeded(int(document["seed"]))
     return build_comparison(scenario, results)
 
 

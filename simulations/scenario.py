@@ -278,6 +278,31 @@ class Scenario:
             strategies.append(StrategySpec(spec.label, config))
         return replace(self, strategies=tuple(strategies), scale=self.scale * factor)
 
+    @property
+    def seed(self) -> int | None:
+        """The run-config ``seed`` every strategy runs with (the app's default where the
+        file sets none); ``None`` when the strategies set different ones."""
+        default = app_run_config_defaults()["seed"]
+        seeds = {spec.run_config.get("seed", default) for spec in self.strategies}
+        seed = seeds.pop() if len(seeds) == 1 else None
+        return seed if isinstance(seed, int) else None
+
+    def seeded(self, seed: int) -> Scenario:
+        """The same scenario with every strategy's run-config ``seed`` set to ``seed``:
+        another draw of the data split, the fleet assignment and the initial model.
+
+        Raises
+        ------
+        ScenarioError
+            If ``seed`` is not an integer >= 0.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ScenarioError(f"seed must be an integer >= 0, got {seed!r}")
+        strategies = tuple(
+            StrategySpec(spec.label, {**spec.run_config, "seed": seed}) for spec in self.strategies
+        )
+        return replace(self, run_config={**self.run_config, "seed": seed}, strategies=strategies)
+
     def only(self, labels: Iterable[str]) -> Scenario:
         """The same scenario with just these strategies (file order kept).
 

@@ -70,6 +70,8 @@ def test_the_help_shows_defaults_without_markup_escapes(command: str) -> None:
     assert result.exit_code == 0
     assert "\\[" not in result.output  # typer escapes its own [default: ...] brackets
     assert "--allow-divergence" in result.output and "3 " in result.output
+    if command == "compare":
+        assert "--seed" in result.output
 
 
 def test_valid_overrides_parse_as_toml_literals() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from fedsync.reports.pages import PagesError, render_pages
 from fedsync.simulations.report import main, write_reports
 from fedsync.simulations.results import (
+    SMOOTHING_WINDOW,
     EvalPoint,
     RunResult,
     build_comparison,
@@ -17,6 +19,7 @@ from fedsync.simulations.results import (
     load_comparison,
     ratio,
     read_series,
+    smoothed_reaching,
     staleness_bins,
 )
 from fedsync.simulations.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
@@ -32,6 +35,21 @@ def test_first_reaching_takes_the_first_crossing_not_the_last() -> None:
     assert hit == EvalPoint(5.0, 10, 20, 0.82)
     assert first_reaching(series, 0.95) is None
     assert first_reaching(series, None) is None
+
+
+def test_the_smoothed_crossing_waits_for_the_trailing_mean() -> None:
+    series = _series((0, 0, 0.1), (1, 10, 0.5), (2, 20, 0.9), (3, 30, 0.6), (4, 40, 0.95))
+    assert SMOOTHING_WINDOW == 3
+    assert first_reaching(series, 0.8) == series[2]
+    # Trailing means from the third evaluation: 0.5, 0.667, then (0.9 + 0.6 + 0.95) / 3.
+    assert smoothed_reaching(series, 0.8) == series[4]
+    assert smoothed_reaching(series, 0.85) is None
+    assert smoothed_reaching(series[:2], 0.1) is None  # fewer evaluations than the window
+    assert smoothed_reaching(series, None) is None
+    assert smoothed_reaching(series, 0.8, window=1) == first_reaching(series, 0.8)
+    losses = [2.0, 1.0, 0.4, 1.2, 0.5]  # means 1.133, 0.867, 0.7; lower is better
+    curve = [EvalPoint(float(t), 0, 0, math.nan, loss) for t, loss in enumerate(losses)]
+    assert smoothed_reaching(curve, 0.8, "loss") == curve[4]
 
 
 def test_ratio() -> None:
@@ -90,6 +108,26 @@ def test_comparison_fixes_the_target_after_all_runs_and_computes_ratios(tmp_path
     paths = write_reports(comparison, tmp_path)
     assert [p.name for p in paths] == ["comparison.json", "comparison.md", "comparison.png"]
     assert "| teasq | ok |" in (tmp_path / "comparison.md").read_text()
+
+
+def test_rows_carry_the_smoothed_crossing_and_the_document_its_seed(tmp_path: Path) -> None:
+    curve = ((0, 0, 0.1), (1, 10, 0.5), (2, 20, 0.9), (3, 30, 0.6), (4, 40, 0.95), (5, 50, 0.9))
+    fedavg = _result("fedavg", "fedavg", _series(*curve))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 0.9)))
+    comparison = build_comparison(_toy().seeded(7), [fedavg, teasq])
+    assert comparison.target == pytest.approx(0.81)  # 0.9 x the best final 0.9
+    base, fast = comparison.row("fedavg"), comparison.row("teasq")
+    # _series sends twice the uplink bytes down: 20 + 40 at t = 2, 40 + 80 at t = 4.
+    assert base["target"]["sim_time"] == 2 and base["target"]["bytes_total"] == 60
+    assert base["target_smoothed"] == {"reached": True, "sim_time": 4, "bytes_total": 120}
+    assert fast["target"]["sim_time"] == 2  # its trailing mean is 0.617 at its last point
+    assert fast["target_smoothed"] == {"reached": False, "sim_time": None, "bytes_total": None}
+    document = comparison.as_dict()
+    assert document["seed"] == 7 and document["smoothing_window"] == SMOOTHING_WINDOW
+    write_reports(comparison, tmp_path)
+    assert (
+        "Seed 7 (run-config `seed` of every strategy)." in (tmp_path / "comparison.md").read_text()
+    )
 
 
 def test_staleness_is_binned_and_reported_for_asynchronous_runs(tmp_path: Path) -> None:
@@ -162,6 +200,33 @@ def test_reports_are_rewritten_from_the_json_alone(tmp_path: Path) -> None:
     assert main([str(tmp_path)]) == 2
     with pytest.raises(ScenarioError, match="no strategies"):
         load_comparison({"scenario": "fmnist-ci", "strategies": []})
+
+
+def test_a_committed_comparison_loads_with_its_values_unchanged() -> None:
+    """Rebuilt today, a committed comparison only gains the seed and the smoothed crossing."""
+    path = Path(__file__).resolve().parents[2] / "simulations/results/fmnist-iot-downlink"
+    committed = json.loads((path / "comparison.json").read_text(encoding="utf-8"))
+    committed.pop("provenance")
+    rebuilt = json.loads(json.dumps(load_comparison(committed).as_dict()))
+    assert rebuilt.pop("seed") == 0 and rebuilt.pop("smoothing_window") == SMOOTHING_WINDOW
+    for row in rebuilt["strategies"]:
+        assert row.pop("target_smoothed")["reached"] is True
+    assert rebuilt == committed
+
+
+def test_a_rewrite_keeps_the_seed_and_refuses_documents_of_two_seeds(tmp_path: Path) -> None:
+    scenario = load_scenario("fmnist-ci").scaled(0.5)
+    fedavg = _result("fedavg", "fedavg", _series((0, 0, 0.1), (10, 1000, 0.8), (20, 2000, 0.9)))
+    teasq = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 50, 0.85), (4, 100, 1.0)))
+    write_reports(build_comparison(scenario.only(["fedavg"]).seeded(2), [fedavg]), tmp_path / "a")
+    write_reports(build_comparison(scenario.only(["teasq"]).seeded(3), [teasq]), tmp_path / "b")
+    document = json.loads((tmp_path / "a" / "comparison.json").read_text())
+    assert load_comparison(document).as_dict()["seed"] == 2
+    assert main([str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "comparison.json").read_text())["seed"] == 2
+    assert main([str(tmp_path / "a"), "--add", str(tmp_path / "b" / "comparison.json")]) == 2
+    del document["seed"]  # written before compare had --seed: the scenario's own
+    assert load_comparison(document).as_dict()["seed"] == scenario.seed == 0
 
 
 def test_runs_split_across_runners_make_one_report(tmp_path: Path) -> None:

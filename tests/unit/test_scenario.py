@@ -162,6 +162,27 @@ def test_scaled_shortens_each_strategy_by_its_own_length_keys() -> None:
         scenario.scaled(0.0)
 
 
+def test_seeded_sets_every_strategys_seed() -> None:
+    scenario = parse_scenario(_scenario_data())
+    assert scenario.seed == 0  # none set: the app's default
+    seeded = scenario.seeded(3)
+    assert seeded.seed == 3 and seeded.run_config["seed"] == 3
+    assert [spec.run_config["seed"] for spec in seeded.strategies] == [3, 3]
+    assert seeded.strategy("teasq").run_config["density-start"] == 0.1  # the rest kept
+    apart = parse_scenario(
+        _scenario_data(
+            strategies={
+                "fedavg": {"strategy": "fedavg", "seed": 1},
+                "teasq": {"strategy": "teasq", "seed": 2},
+            }
+        )
+    )
+    assert apart.seed is None and apart.seeded(4).seed == 4
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ScenarioError, match="seed"):
+            scenario.seeded(bad)  # type: ignore[arg-type]
+
+
 def test_runner_refuses_a_run_folder_that_already_holds_results(tmp_path: Path) -> None:
     (tmp_path / "results" / "teasq").mkdir(parents=True)
     runner = ComparisonRunner(parse_scenario(_scenario_data()), tmp_path)
