@@ -311,11 +311,34 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
                 "stop_reason": summary.get("stop_reason", ""),
                 "aggregations": summary.get("aggregations", summary.get("num_rounds")),
                 "run_target": summary.get("target"),
+                "downlink": _downlink_of(summary),
                 # [sim_time, cumulative bytes up, cumulative bytes down, accuracy, loss]
                 "evaluations": [p.as_list() for p in result.series],
             }
         )
     return Comparison(scenario, target, rows, list(results))
+
+
+def _downlink_of(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What an engine run's downlink sent, from its ``summary.json``: tasks, resyncs, the
+    broadcast figure (a shared downlink's) and the encoder's own account (payloads by
+    kind, why whole models went out); ``None`` for a run without one (FedAvg)."""
+    if summary.get(_DOWNLINK_ROW) is not None:  # a row read back by runs_of
+        return dict(summary[_DOWNLINK_ROW])
+    account = summary.get("downlink_shared") or summary.get("downlink")
+    if not isinstance(account, Mapping):
+        return None
+    return {
+        "tasks": summary.get("tasks"),
+        "resyncs": summary.get("downlink_resyncs"),
+        "bytes_down_broadcast": summary.get("total_bytes_down_broadcast"),
+        "shared": "downlink_shared" in summary,
+        **account,
+    }
+
+
+_DOWNLINK_ROW = "comparison-downlink-row"
+"""The key :func:`runs_of` keeps a row's ``downlink`` under in the summary it rebuilds."""
 
 
 def read_run(folder: Path, label: str, strategy: str) -> RunResult:
@@ -378,6 +401,8 @@ def runs_of(document: Mapping[str, Any]) -> list[RunResult]:
         summary = {key: row[key] for key in _SUMMARY_KEYS if row.get(key) is not None}
         if row.get("run_target") is not None:
             summary["target"] = row["run_target"]
+        if row.get("downlink") is not None:
+            summary[_DOWNLINK_ROW] = row["downlink"]
         series = [  # four numbers per point before losses were kept, five since
             EvalPoint(float(t), int(up), int(down), float(acc), *(float(x) for x in loss[:1]))
             for t, up, down, acc, *loss in row.get("evaluations", [])
