@@ -9,6 +9,7 @@ its first task with :class:`InitialModelMismatch`, and gets the whole model next
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,22 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedsync.aggregation.downlink import DownlinkEncoder, relative_gap
+from fedsync.clients.app import train_task
 from fedsync.clients.compressed import (
+    CODEC_STATE,
     DOWNLINK_BASE,
     InitialModelMismatch,
     MissingDownlinkBase,
     apply_downlink,
 )
+from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.models.initial import state_digest
-from fedsync.protocol import TrainTask
+from fedsync.protocol import TrainReply, TrainTask
 from fedsync.reports import RunRecorder, read_events
 from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.task import model_state
 from fedsync.updates import densify
 from tests.unit.test_async_run import FakeGrid, make_evaluate, of
 from tests.unit.test_shared_downlink_run import (
@@ -40,6 +45,7 @@ from tests.unit.test_shared_downlink_run import (
     SharedClients,
     initial,
     same,
+    shared_task,
     task_identity,
 )
 
@@ -242,3 +248,32 @@ def test_without_the_seeded_start_first_tasks_carry_the_whole_model(tmp_path: Pa
         first.setdefault(e["node"], e)
     assert all(e["downlink_kind"] == "full" and e["bytes_down"] > 0 for e in first.values())
     assert result.summary["downlink"]["seeded_start"] is False
+
+
+# --- fedsync's own ClientApp ---------------------------------------------------------------------
+def test_the_clientapp_starts_a_delta_run_from_its_own_seeded_model() -> None:
+    run_config: dict[str, bool | float | int | str] = {"dataset": "digits", "seed": 0}
+
+    def node() -> tuple[Context, ClientRuntime]:
+        node_config: dict[str, bool | float | int | str] = {"partition-id": 1, "num-partitions": 3}
+        node_context = Context(1, 1, node_config, RecordDict(), run_config)
+        return node_context, ClientRuntime.from_context(node_context)
+
+    node_context, runtime = node()
+    fresh = model_state(runtime.fresh_model())  # what the server's initial_arrays are
+    message = shared_task(state_digest(fresh))
+    train = TrainTask.from_record(message.content)
+    message.content = replace(train, downlink_kind="delta", delta_downlinks=True).to_record()
+    reply = train_task(message, node_context, runtime)
+    assert TrainReply.from_record(reply.content).payload  # it trained and sent an update
+    base = node_context.state.array_records[DOWNLINK_BASE]  # the next delta's base
+    assert all(np.array_equal(base[n].numpy(), t.numpy()) for n, t in fresh.items())
+    # a server whose initial model is another: refused before anything is kept
+    node_context, runtime = node()
+    message = shared_task("0" * 64)
+    train = TrainTask.from_record(message.content)
+    message.content = replace(train, downlink_kind="delta", delta_downlinks=True).to_record()
+    with pytest.raises(InitialModelMismatch):
+        train_task(message, node_context, runtime)
+    assert DOWNLINK_BASE not in node_context.state.array_records
+    assert CODEC_STATE not in node_context.state.array_records
