@@ -568,50 +568,77 @@ def _render_comparison(result: Result) -> list[str]:
     head += ["kB up / update", "mean staleness", "wall s"]
     lines += ["The whole run:", "", *_table(head, whole)]
     lines += _rows_described(result, rows)
-    lines += _goals(result)
+    lines += _goals(result, _comparison_goal)
     lines += _figures(result)
     return lines
 
 
-def _goals(result: Result) -> list[str]:
+_Judged = tuple[str, str, bool]
+"""A goal's text, what was measured, and whether it is met."""
+
+
+def _goals(result: Result, judge: Callable[[Result, Mapping[str, Any]], _Judged]) -> list[str]:
+    """The ``Goals:`` table of a result, each goal in the manifest judged by ``judge``."""
     goals = result.spec.get("goals", [])
     if not goals:
         return []
     table = []
     for goal in goals:
-        row, than = _row(result, goal["row"]), _row(result, goal["than"])
-        kind = goal.get("kind")
-        if kind == "sooner":
-            text, measured, met = _sooner(goal, row, than)
-        elif kind == "fewer-bytes":
-            text, measured, met = _fewer_bytes(goal, row, than)
-        elif kind == "accuracy-within":
-            points = float(goal["points"])
-            mine, theirs = row.get("final_accuracy"), than.get("final_accuracy")
-            unit = "point" if points == 1 else "points"
-            text = f"final accuracy within {points:g} {unit} of `{goal['than']}`"
-            if mine is None or theirs is None:
-                measured, met = "no final accuracy", False
-            else:
-                diff = (mine - theirs) * 100
-                measured = f"{diff:+.1f} points ({mine:.3f} against {theirs:.3f})"
-                met = diff >= -points
-        else:
-            raise PagesError(f"{result.where}: goal kind {kind!r} is not known")
+        try:
+            text, measured, met = judge(result, goal)
+        except KeyError as err:
+            raise PagesError(f"{result.where}: goal {dict(goal)!r} needs {err}") from err
         table.append([f"`{goal['row']}`: {text}", measured, "yes" if met else "no"])
     return ["Goals:", "", *_table(["goal", "measured", "met"], table)]
 
 
+def _comparison_goal(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    row, than = _row(result, goal["row"]), _row(result, goal["than"])
+    kind = goal.get("kind")
+    if kind == "sooner":
+        return _sooner(goal, row, than)
+    if kind == "fewer-bytes":
+        return _fewer_bytes(goal, row, than)
+    if kind == "accuracy-within":
+        text = _within_text(goal)
+        mine, theirs = row.get("final_accuracy"), than.get("final_accuracy")
+        if mine is None or theirs is None:
+            return text, "no final accuracy", False
+        diff = (mine - theirs) * 100
+        measured = f"{diff:+.1f} points ({mine:.3f} against {theirs:.3f})"
+        return text, measured, diff >= -float(goal["points"])
+    raise PagesError(f"{result.where}: goal kind {kind!r} is not known")
+
+
+def _sooner_text(goal: Mapping[str, Any]) -> str:
+    factor, name = float(goal.get("factor", 1)), f"`{goal['than']}`"
+    if factor == 1:
+        return f"sooner to the target than {name}"
+    return f">= {factor:g}x sooner to the target than {name}"
+
+
+def _is_sooner(ratio: float, goal: Mapping[str, Any]) -> bool:
+    """Whether ``ratio`` (the other's time over the row's) meets a ``sooner`` goal: at
+    least its ``factor``, or above 1 when it gives none."""
+    factor = float(goal.get("factor", 1))
+    return ratio >= factor if factor != 1 else ratio > 1
+
+
+def _fewer_text(goal: Mapping[str, Any]) -> str:
+    what = "uplink bytes" if goal.get("which", "total") == "up" else "bytes up and down"
+    return f">= {float(goal.get('factor', 1)):g}x fewer {what} to the target than `{goal['than']}`"
+
+
+def _within_text(goal: Mapping[str, Any]) -> str:
+    points = float(goal["points"])
+    unit = "point" if points == 1 else "points"
+    return f"final accuracy within {points:g} {unit} of `{goal['than']}`"
+
+
 def _sooner(
     goal: Mapping[str, Any], row: Mapping[str, Any], than: Mapping[str, Any]
-) -> tuple[str, str, bool]:
-    factor = float(goal.get("factor", 1))
-    name = f"`{goal['than']}`"
-    text = (
-        f">= {factor:g}x sooner to the target than {name}"
-        if factor != 1
-        else f"sooner to the target than {name}"
-    )
+) -> _Judged:
+    text, name = _sooner_text(goal), f"`{goal['than']}`"
     mine, theirs = row.get("target") or {}, than.get("target") or {}
     if not mine.get("reached"):
         return text, f"`{goal['row']}` did not reach the target", False
@@ -619,15 +646,14 @@ def _sooner(
         return text, f"{name} did not reach the target", True
     ratio = theirs["sim_time"] / mine["sim_time"]
     measured = f"{_times(ratio)} ({mine['sim_time']:.1f} s against {theirs['sim_time']:.1f} s)"
-    return text, measured, ratio >= factor if factor != 1 else ratio > 1
+    return text, measured, _is_sooner(ratio, goal)
 
 
 def _fewer_bytes(
     goal: Mapping[str, Any], row: Mapping[str, Any], than: Mapping[str, Any]
-) -> tuple[str, str, bool]:
+) -> _Judged:
     factor, which = float(goal.get("factor", 1)), str(goal.get("which", "total"))
-    what = "uplink bytes" if which == "up" else "bytes up and down"
-    text = f">= {factor:g}x fewer {what} to the target than `{goal['than']}`"
+    text = _fewer_text(goal)
 
     def count(r: Mapping[str, Any]) -> int | None:  # None: did not reach the target
         if which != "up":
