@@ -205,13 +205,15 @@ def test_reports_are_rewritten_from_the_json_alone(tmp_path: Path) -> None:
 def test_a_committed_comparison_loads_with_its_values_unchanged() -> None:
     """Rebuilt today, a committed comparison only gains the seed, the smoothed crossing and
     the (empty) downlink account."""
-    path = Path(__file__).resolve().parents[2] / "simulations/results/fmnist-iot-downlink"
+    path = Path(__file__).resolve().parents[2] / "simulations/results/fmnist-ci"
     committed = json.loads((path / "comparison.json").read_text(encoding="utf-8"))
     committed.pop("provenance")
     rebuilt = json.loads(json.dumps(load_comparison(committed).as_dict()))
     assert rebuilt.pop("seed") == 0 and rebuilt.pop("smoothing_window") == SMOOTHING_WINDOW
     for row in rebuilt["strategies"]:
-        assert row.pop("target_smoothed")["reached"] is True
+        smoothed = row.pop("target_smoothed")
+        if smoothed["reached"]:  # a mean of evaluations at the target has one there first
+            assert row["target"]["sim_time"] <= smoothed["sim_time"]
         assert row.pop("downlink") is None  # older rows carry no downlink account
     assert rebuilt == committed
 
