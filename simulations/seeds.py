@@ -13,7 +13,8 @@ every seed, in seed order, and the mean, minimum and maximum over the seeds that
 (``n`` of them: a run that did not reach the target, or a strategy a seed did not run, has
 none); and the ratio of means of the total bytes to the target, the baseline's over the
 strategy's. Every seed fixes its own target from its own runs, and its ratios are against
-its own baseline run; ``inputs`` lists each folder with its seed, commit and target.
+its own baseline run; ``inputs`` lists each folder with its seed, its target, and the
+commit, command, date and machine of its ``provenance``.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ def summarize(inputs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any
             {
                 "dir": str(folder),
                 "seed": document["seed"],
-                "commit": _commit(document),
+                "commit": _origin(document, "commit"),
                 "target": document.get(f"target_{metric}"),
+                **{key: _origin(document, key) for key in ("command", "date", "machine")},
             }
             for folder, document in inputs
         ],
@@ -205,9 +207,10 @@ def summarize(inputs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any
     }
 
 
-def _commit(document: Mapping[str, Any]) -> str | None:
+def _origin(document: Mapping[str, Any], key: str) -> Any:
+    """``key`` of the document's ``provenance`` block (``None`` where it has none)."""
     origin = document.get("provenance")
-    return origin.get("commit") if isinstance(origin, dict) else None
+    return origin.get(key) if isinstance(origin, dict) else None
 
 
 def write_markdown(document: Mapping[str, Any], path: Path) -> Path:

@@ -6,7 +6,8 @@
     python -m fedsync.reports.pages --check    # exit 1 when a page differs from its sources
 
 Every page is drawn from ``docs/results/sources.toml`` (the manifest) and the result
-files it names (``comparison.json`` of a comparison, a benchmark's JSON). Tables and
+files it names (``comparison.json`` of a comparison, ``seeds.json`` of several seeds of
+one, a benchmark's JSON). Tables and
 every number on a page come from the JSON; the manifest holds what the JSON does not:
 the command that produced it, the commit that committed it, the date, the machine and
 its load, the seeds, a short fixed description of each result and of each table row,
@@ -35,7 +36,7 @@ Manifest layout (TOML)::
 
     [[page.result]]
     json = "simulations/results/fmnist-iot/comparison.json"   # relative, inside the root
-    kind = "comparison"               # or link-ratio, deploy-overhead, soak, table
+    kind = "comparison"               # or seeds, link-ratio, deploy-overhead, soak, table
     heading = "..."
     description = "..."
     commands = ["python -m ..."]      # unless the JSON has provenance.command
@@ -44,7 +45,7 @@ Manifest layout (TOML)::
     machine = "..."                   # overrides [defaults]
     load = "..."                      # unless the JSON records the load average
     seeds = "..."
-    labels = { fedavg = "..." }       # comparison rows / deployment paths, described
+    labels = { fedavg = "..." }       # comparison (seeds) rows / deployment paths, described
     figures = ["comparison.png"]      # beside the JSON
     goals = [{ kind = "sooner", row = "teasq", than = "fedavg", factor = 10 }]
     headlines = [{ row = "teasq", than = "fedavg" }]
@@ -53,6 +54,17 @@ Manifest layout (TOML)::
     caption = "..."                   # optional, a line above the table
     rows = ["runs.*.cases.*"]         # paths to the rows (a string or a list of them)
     columns = [["method", "`{@}`"], ["MB", "{bytes*1e-6:.2f}"], ["ms", "{t.median:.1f}"]]
+
+A ``seeds`` result is the ``seeds.json`` of :mod:`fedsync.simulations.seeds`. Its goals
+and headlines are spelled as a comparison's, plus ``{ kind = "time-at-most", row = "...",
+seconds = 114.6 }`` (``row``'s mean simulated time to the target at most ``seconds``). A
+goal or headline that compares two rows takes the seeds where both have the number (for a
+cost to the target: where both reached it): ``fewer-bytes`` the ratio of the means of the
+bytes to the target (``than``'s over ``row``'s), ``sooner`` 1 / the mean of the seeds' time
+ratios (``row``'s simulated time to the target over ``than``'s), ``accuracy-within`` the
+difference of the mean final accuracies. A row that missed the target under any seed
+misses every goal but ``accuracy-within``. Goals report the worst seed, headlines the range
+of the seeds' own ratios.
 
 A row path is keys joined by dots (a key may hold dots itself) and ``*`` for every item of
 a list or every value of an object; a path without ``*`` is one row. A column is its
@@ -359,9 +371,9 @@ def _provenance(result: Result) -> list[str]:
     raw = data.get("provenance")
     origin: dict[str, Any] = raw if isinstance(raw, dict) else {}
     lines = [f"- **Data**: [`{result.path}`](../../{result.path})"]
-    if spec["kind"] == "comparison":  # the report writes its full table beside the JSON
-        table = result.path.parent / "comparison.md"
-        lines[-1] += f"; full table and staleness histograms: [`{table.name}`](../../{table})"
+    if spec["kind"] in _BESIDE:  # the report its command writes beside the JSON
+        name, what = _BESIDE[spec["kind"]]
+        lines[-1] += f"; {what}: [`{name}`](../../{result.path.parent / name})"
     if origin.get("commit"):
         lines.append(f"- **Code**: commit `{origin['commit']}`, run on {origin.get('date', '-')}")
     else:
@@ -390,6 +402,13 @@ def _provenance(result: Result) -> list[str]:
         lines += [f"  {command}" for command in commands]
         lines += ["  ```"]
     return [*lines, ""]
+
+
+_BESIDE = {
+    "comparison": ("comparison.md", "full table and staleness histograms"),
+    "seeds": ("seeds.md", "every metric by seed"),
+}
+"""By kind, the Markdown report written beside the JSON, and what it shows."""
 
 
 def _entries(origin: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
@@ -478,6 +497,11 @@ def _row(result: Result, label: str) -> dict[str, Any]:
 
 def _is_loss(result: Result) -> bool:
     return result.data.get("target_metric") == "loss"
+
+
+def _metric(result: Result) -> str:
+    """What the target is of: ``accuracy`` or ``test loss``."""
+    return "test loss" if _is_loss(result) else "accuracy"
 
 
 def _target_total(row: Mapping[str, Any]) -> int | None:
@@ -635,9 +659,7 @@ def _within_text(goal: Mapping[str, Any]) -> str:
     return f"final accuracy within {points:g} {unit} of `{goal['than']}`"
 
 
-def _sooner(
-    goal: Mapping[str, Any], row: Mapping[str, Any], than: Mapping[str, Any]
-) -> _Judged:
+def _sooner(goal: Mapping[str, Any], row: Mapping[str, Any], than: Mapping[str, Any]) -> _Judged:
     text, name = _sooner_text(goal), f"`{goal['than']}`"
     mine, theirs = row.get("target") or {}, than.get("target") or {}
     if not mine.get("reached"):
@@ -673,7 +695,7 @@ def _fewer_bytes(
 def _headline_comparison(result: Result, headline: Mapping[str, Any]) -> str:
     label, other = str(headline["row"]), str(headline["than"])
     row, than = _row(result, label), _row(result, other)
-    metric = "test loss" if _is_loss(result) else "accuracy"
+    metric = _metric(result)
     spec = ".3f"
     head = f"`{label}` against `{other}`"
     mine, theirs = row.get("target") or {}, than.get("target") or {}
@@ -701,6 +723,312 @@ def _headline_comparison(result: Result, headline: Mapping[str, Any]) -> str:
 
 def _more_or_less(ratio: float, more: str, less: str) -> str:
     return f"{_times(ratio)} {more}" if ratio >= 1 else f"{_times(1 / ratio)} {less}"
+
+
+# --- several seeds of a comparison (fedsync.simulations.seeds) ------------------------------
+_TIME, _SMOOTHED = "sim_time_to_target", "sim_time_to_target_smoothed"
+_TOTAL, _FINAL = "bytes_total_to_target", "final_accuracy"
+_UP_DOWN = ("bytes_up_to_target", "bytes_down_to_target")
+
+
+def _seeds(result: Result) -> list[Any]:
+    """The seeds, in the order of every metric's ``values``."""
+    seeds = [i.get("seed") for i in _entries(result.data, "inputs")]
+    if not seeds:
+        raise PagesError(f"{result.where}: {result.path} has no inputs")
+    return seeds
+
+
+def _stats(result: Result, row: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A row's metric: its ``values`` (one per seed), ``n``, ``mean``, ``min`` and ``max``."""
+    stats = (row.get("metrics") or {}).get(key)
+    if not isinstance(stats, dict) or len(stats.get("values") or []) != len(_seeds(result)):
+        raise PagesError(
+            f"{result.where}: {result.path}: row {row['label']!r} has no {key} by seed"
+        )
+    return stats
+
+
+def _pairs(
+    result: Result, row: Mapping[str, Any], than: Mapping[str, Any], key: str
+) -> list[tuple[Any, float, float]]:
+    """``(seed, row's value, than's value)`` of a metric in every seed where both have one
+    (to the target: where both reached it)."""
+    mine, theirs = _stats(result, row, key)["values"], _stats(result, than, key)["values"]
+    return [
+        (seed, a, b)
+        for seed, a, b in zip(_seeds(result), mine, theirs, strict=True)
+        if a is not None and b is not None
+    ]
+
+
+def _by_seed(pairs: Iterable[tuple[Any, float, float]]) -> list[tuple[Any, float]]:
+    """``(seed, than's value / row's value)``: how many times fewer, or how much sooner."""
+    return [(seed, b / a) for seed, a, b in pairs if a > 0 and b > 0]
+
+
+def _fewer_of_means(
+    result: Result, row: Mapping[str, Any], than: Mapping[str, Any], key: str
+) -> tuple[float, float, float] | None:
+    """Than's mean over the row's, and the two means, over the seeds where both have the
+    metric; ``None`` where there are none."""
+    pairs = _pairs(result, row, than, key)
+    mine = statistics.fmean(a for _, a, _ in pairs) if pairs else 0
+    theirs = statistics.fmean(b for _, _, b in pairs) if pairs else 0
+    return (theirs / mine, mine, theirs) if mine > 0 else None
+
+
+def _sooner_of_ratios(
+    result: Result, row: Mapping[str, Any], than: Mapping[str, Any]
+) -> float | None:
+    """1 / the mean over the seeds where both reached the target of the row's simulated
+    time to it over than's (the time ratio); ``None`` where there are none."""
+    ratios = [a / b for _, a, b in _pairs(result, row, than, _TIME) if b > 0]
+    mean = statistics.fmean(ratios) if ratios else 0
+    return 1 / mean if mean > 0 else None
+
+
+def _spread(stats: Mapping[str, Any], spec: str, unit: float = 1) -> str:
+    """``mean (min-max)``, in ``unit`` (1e6: bytes as MB); ``-`` when there is none."""
+    if stats.get("mean") is None:
+        return "-"
+    low, mean, high = (float(stats[key]) / unit for key in ("min", "mean", "max"))
+    return f"{mean:{spec}} ({low:{spec}}-{high:{spec}})"
+
+
+def _times_range(ratios: Sequence[float]) -> str:
+    """``low-highx`` of ratios, or ``-``."""
+    if not ratios:
+        return "-"
+    return f"{_times(min(ratios)).removesuffix('x')}-{_times(max(ratios))}"
+
+
+def _worst(by_seed: Sequence[tuple[Any, float]], show: Callable[[float], str]) -> str:
+    """``; worst seed <value> (seed <seed>)`` of the smallest value, or ``""``."""
+    if not by_seed:
+        return ""
+    seed, value = min(by_seed, key=lambda pair: pair[1])
+    return f"; worst seed {show(value)} (seed {seed})"
+
+
+def _render_seeds(result: Result) -> list[str]:
+    data, count = result.data, len(_seeds(result))
+    base = str(data.get("baseline", ""))
+    rule = data.get("target_rule") or {}
+    targets = ", ".join(
+        f"**{_f(entry.get('target'), '.4f')}** under seed {entry.get('seed')}"
+        for entry in _entries(data, "inputs")
+    )
+    lines = [
+        f"Scenario `{data.get('scenario')}` at scale {data.get('scale')} over {count} seeds. "
+        f"Every seed fixes its own target {_metric(result)} from its own runs (rule "
+        f"`{rule.get('kind')}` = {rule.get('value')}): {targets}. Smoothed: the first "
+        f"evaluation where the trailing mean of the last {data.get('smoothing_window')} "
+        "evaluations reaches the target.",
+        "",
+        "Over the seeds: mean (min-max) of those with a value; up and down, the mean alone. "
+        f"Against `{base}`, over the seeds where both reached the target (above 1: fewer "
+        f"bytes, sooner): fewer bytes is `{base}`'s mean over the strategy's (ratio of "
+        "means); sooner is 1 / the mean of the seeds' time ratios, the strategy's simulated "
+        f"time to the target over `{base}`'s (mean ratio); by seed, the range of each "
+        "seed's own ratio.",
+        "",
+    ]
+    lines += _seeds_table(result, base)
+    lines += _rows_described(result, _rows(result))
+    lines += ["Every run:", "", *_seeds_runs(result)]
+    lines += [
+        "Each seed's comparison (the command, commit, date and machine above are those of "
+        "the summary):",
+        "",
+    ]
+    for entry in _entries(data, "inputs"):
+        line = f"- seed {entry.get('seed')}: `{entry.get('dir')}`"
+        line += f", commit `{entry.get('commit') or '-'}`"
+        if entry.get("date"):
+            line += f", run on {entry['date']}"
+        if isinstance(entry.get("machine"), dict):
+            line += f"; machine: {_host(entry['machine'])}"
+        if entry.get("command"):
+            line += f"; `{entry['command']}`"
+        lines.append(line)
+    lines.append("")
+    lines += _goals(result, _seeds_goal)
+    lines += _figures(result)
+    return lines
+
+
+def _seeds_table(result: Result, base: str) -> list[str]:
+    """Each strategy over the seeds."""
+    rows, count = _rows(result), len(_seeds(result))
+    head = ["strategy", "reached", "final acc", "sim s to target", "smoothed sim s to target"]
+    head += ["MB total to target", "MB up to target", "MB down to target"]
+    head += [f"fewer bytes than `{base}` (ratio of means)", "by seed"]
+    head += [f"sooner than `{base}` (mean ratio)", "by seed"]
+    table = []
+    for label, row in rows.items():
+        reached, smoothed = (_stats(result, row, key)["n"] for key in (_TIME, _SMOOTHED))
+        cells = [f"`{label}`", f"{reached} of {count}"]
+        if smoothed != reached:
+            cells[-1] += f", smoothed {smoothed}"
+        cells.append(_spread(_stats(result, row, _FINAL), ".3f"))
+        for key, spec, unit in ((_TIME, ".1f", 1), (_SMOOTHED, ".1f", 1), (_TOTAL, ".2f", 1e6)):
+            stats = _stats(result, row, key)
+            cells.append(_spread(stats, spec, unit) if stats["n"] else "not reached")
+        cells += [_mb(_stats(result, row, key)["mean"]) for key in _UP_DOWN]
+        if base in rows:
+            fewer = _fewer_of_means(result, row, rows[base], _TOTAL)
+            sooner = _sooner_of_ratios(result, row, rows[base])
+            cells += [
+                "-" if fewer is None else _times(fewer[0]),
+                _times_range([x for _, x in _by_seed(_pairs(result, row, rows[base], _TOTAL))]),
+                "-" if sooner is None else _times(sooner),
+                _times_range([x for _, x in _by_seed(_pairs(result, row, rows[base], _TIME))]),
+            ]
+        else:
+            cells += ["-"] * 4
+        table.append(cells)
+    return _table(head, table)
+
+
+def _seeds_runs(result: Result) -> list[str]:
+    """Every strategy under every seed."""
+    head = ["strategy", "seed", "final acc", "sim s to target", "smoothed sim s to target"]
+    head.append("MB total to target")
+    table = []
+    for label, row in _rows(result).items():
+        columns = [_stats(result, row, key)["values"] for key in (_FINAL, _TIME, _SMOOTHED)]
+        columns.append(
+            [None if x is None else _mb(x) for x in _stats(result, row, _TOTAL)["values"]]
+        )
+        for i, seed in enumerate(_seeds(result)):
+            final, time, smoothed, total = (column[i] for column in columns)
+            if final is None:  # not run under this seed
+                table.append([f"`{label}`", str(seed), "-", "-", "-", "-"])
+                continue
+            reached = [None if x is None else f"{x:.1f}" for x in (time, smoothed)] + [total]
+            cells = [f"`{label}`", str(seed), f"{final:.3f}"]
+            table.append(cells + ["not reached" if x is None else x for x in reached])
+    return _table(head, table)
+
+
+def _seeds_goal(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    """A goal of a seeds result, as the module's docstring says."""
+    kind = goal.get("kind")
+    if kind not in _SEEDS_GOALS:
+        raise PagesError(f"{result.where}: goal kind {kind!r} is not known")
+    return _SEEDS_GOALS[kind](result, goal)
+
+
+def _short(result: Result, label: str) -> str:
+    """``"`label` reached the target under n of N seeds"`` if it missed it under a seed,
+    else ``""``."""
+    reached = _stats(result, _row(result, label), _TIME)["n"]
+    count = len(_seeds(result))
+    return (
+        f"`{label}` reached the target under {reached} of {count} seeds" if reached < count else ""
+    )
+
+
+def _seeds_time_at_most(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    seconds = float(goal["seconds"])
+    text = f"at most {seconds:g} simulated s to the target (mean)"
+    if missed := _short(result, str(goal["row"])):
+        return text, missed, False
+    stats = _stats(result, _row(result, str(goal["row"])), _TIME)
+    measured = f"{stats['mean']:.1f} s ({stats['min']:.1f}-{stats['max']:.1f} s by seed)"
+    return text, measured, stats["mean"] <= seconds
+
+
+def _seeds_within(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    text = _within_text(goal) + " (means)"
+    pairs = _pairs(result, _row(result, goal["row"]), _row(result, goal["than"]), _FINAL)
+    if not pairs:
+        return text, "no final accuracies under the same seed", False
+    mine, theirs = (statistics.fmean(pair[i] for pair in pairs) for i in (1, 2))
+    diff = (mine - theirs) * 100
+    worst = _worst([(seed, (a - b) * 100) for seed, a, b in pairs], lambda x: f"{x:+.1f} points")
+    means = "means" if len(pairs) == len(_seeds(result)) else f"means over {len(pairs)} seeds"
+    measured = f"{diff:+.1f} points ({mine:.3f} against {theirs:.3f}, {means}){worst}"
+    return text, measured, diff >= -float(goal["points"])
+
+
+def _seeds_sooner(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    return _seeds_ratio_goal(result, goal, _sooner_text(goal) + " (mean ratio)", _TIME)
+
+
+def _seeds_fewer_bytes(result: Result, goal: Mapping[str, Any]) -> _Judged:
+    key = "bytes_up_to_target" if goal.get("which", "total") == "up" else _TOTAL
+    return _seeds_ratio_goal(result, goal, _fewer_text(goal) + " (ratio of means)", key)
+
+
+def _seeds_ratio_goal(result: Result, goal: Mapping[str, Any], text: str, key: str) -> _Judged:
+    """A ``sooner`` (``key``: the time) or ``fewer-bytes`` goal of a seeds result."""
+    label, other = str(goal["row"]), str(goal["than"])
+    row, than = _row(result, label), _row(result, other)
+    if missed := _short(result, label):
+        return text, missed, False
+    pairs = _pairs(result, row, than, key)
+    if key == _TIME:
+        ratio, details = _sooner_of_ratios(result, row, than), ""
+    elif fewer := _fewer_of_means(result, row, than, key):
+        ratio, details = fewer[0], f"{_mb(fewer[1])} MB against {_mb(fewer[2])} MB, means "
+    else:
+        ratio = None
+    if ratio is None:
+        return text, f"`{other}` did not reach the target under any seed", True
+    by_seed = _by_seed(pairs)
+    details += f"over {len(pairs)} seeds"
+    if missed := _short(result, other):
+        details += f"; {missed}"
+    measured = f"{_times(ratio)} ({details}){_worst(by_seed, _times)}"
+    if key == _TIME:
+        return text, measured, _is_sooner(ratio, goal)
+    return text, measured, ratio >= float(goal.get("factor", 1))
+
+
+_SEEDS_GOALS: dict[Any, Callable[[Result, Mapping[str, Any]], _Judged]] = {
+    "sooner": _seeds_sooner,
+    "fewer-bytes": _seeds_fewer_bytes,
+    "accuracy-within": _seeds_within,
+    "time-at-most": _seeds_time_at_most,
+}
+
+
+def _headline_seeds(result: Result, headline: Mapping[str, Any]) -> str:
+    label, other = str(headline["row"]), str(headline["than"])
+    row, than = _row(result, label), _row(result, other)
+    count, metric = len(_seeds(result)), _metric(result)
+    head = f"`{label}` against `{other}` over {count} seeds"
+    if short := "; ".join(filter(None, (_short(result, label), _short(result, other)))):
+        head += f" ({short})"
+    finals = _pairs(result, row, than, _FINAL)
+    mine, theirs = (
+        _f(statistics.fmean(p[i] for p in finals) if finals else None, ".3f") for i in (1, 2)
+    )
+    accuracy = f"final accuracy {mine} against {theirs} (means)"
+    sooner, fewer = _sooner_of_ratios(result, row, than), _fewer_of_means(result, row, than, _TOTAL)
+    if sooner is None or fewer is None:
+        return f"{head}: no seed where both reached the target {metric}; {accuracy}."
+    time, times = _more_or_less_by_seed(sooner, _pairs(result, row, than, _TIME), "sooner", "later")
+    volume, volumes = _more_or_less_by_seed(
+        fewer[0], _pairs(result, row, than, _TOTAL), "fewer", "more"
+    )
+    return (
+        f"{head}: {time} to the target {metric} in simulated time (mean ratio; {times} by "
+        f"seed), on {volume} bytes up and down (ratio of means; {volumes} by seed); {accuracy}."
+    )
+
+
+def _more_or_less_by_seed(
+    ratio: float, pairs: Iterable[tuple[Any, float, float]], more: str, less: str
+) -> tuple[str, str]:
+    """:func:`_more_or_less` of ``ratio``, and the range of the seeds' own ratios (of
+    ``pairs``, :func:`_by_seed`) in the same sense."""
+    ratios = [x for _, x in _by_seed(pairs)]
+    if ratio < 1:
+        ratios = [1 / x for x in ratios]
+    return _more_or_less(ratio, more, less), _times_range(ratios)
 
 
 # --- link ratio (fedsync.simulations.linkbound) -----------------------------------------------
@@ -1077,6 +1405,7 @@ class _Kind:
 
 _KINDS: dict[str, _Kind] = {
     "comparison": _Kind(_render_comparison, _headline_comparison),
+    "seeds": _Kind(_render_seeds, _headline_seeds),
     "link-ratio": _Kind(_render_link_ratio, _headline_link_ratio),
     "deploy-overhead": _Kind(_render_deploy, _headline_deploy),
     "soak": _Kind(_render_soak, _headline_soak),

@@ -1,4 +1,5 @@
-"""Several seeds of one comparison: per-seed values, spread and errors (fast)."""
+"""Several seeds of one comparison: per-seed values, spread, errors and the results page
+(fast)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from fedsync.reports.pages import PagesError, render_pages
 from fedsync.simulations.results import EvalPoint, RunResult, build_comparison, load_comparison
 from fedsync.simulations.scenario import Scenario, parse_scenario
 from fedsync.simulations.seeds import SeedsError, main, read_inputs, summarize
@@ -32,9 +34,9 @@ def _toy(seed: int) -> Scenario:
     return scenario.seeded(seed)
 
 
-def _run(label: str, *points: tuple[float, int, float]) -> RunResult:
-    """A completed run; every evaluation has sent twice its uplink bytes down."""
-    series = [EvalPoint(t, up, 2 * up, acc) for t, up, acc in points]
+def _run(label: str, *points: tuple[float, int, float], unit: int = 1) -> RunResult:
+    """A completed run; every evaluation has sent twice its uplink bytes (in ``unit``) down."""
+    series = [EvalPoint(t, up * unit, 2 * up * unit, acc) for t, up, acc in points]
     summary = {"final_accuracy": series[-1].accuracy}
     return RunResult(label, label, "finished:completed", 1.0, summary=summary, series=series)
 
@@ -63,13 +65,26 @@ def _write(folder: Path, document: dict[str, Any]) -> Path:
     return folder
 
 
-def _seed_dirs(tmp_path: Path, seeds: tuple[int, ...] = (2, 0, 1)) -> list[Path]:
-    """One comparison folder per seed (in the order given), with its runner's commit."""
+Curves = dict[int, tuple[list[tuple[float, int, float]], list[tuple[float, int, float]]]]
+
+
+def _seed_dirs(
+    tmp_path: Path, seeds: tuple[int, ...] = (2, 0, 1), curves: Curves = CURVES, unit: int = 1
+) -> list[Path]:
+    """One comparison folder per seed (in the order given), with its runner's provenance."""
     folders = []
     for seed in seeds:
-        fedavg, teasq = CURVES[seed]
-        comparison = build_comparison(_toy(seed), [_run("fedavg", *fedavg), _run("teasq", *teasq)])
-        document = {**comparison.as_dict(), "provenance": {"commit": f"c{seed}"}}
+        fedavg, teasq = curves[seed]
+        runs = [_run("fedavg", *fedavg, unit=unit), _run("teasq", *teasq, unit=unit)]
+        document = {
+            **build_comparison(_toy(seed), runs).as_dict(),
+            "provenance": {
+                "command": f"python -m fedsync.simulations.compare toy --seed {seed}",
+                "commit": f"c{seed}",
+                "date": f"2026-01-0{seed + 1}",
+                "machine": {"cpus": 4, "platform": "Linux"},
+            },
+        }
         folders.append(_write(tmp_path / f"seed{seed}", document))
     return folders
 
@@ -85,6 +100,8 @@ def test_every_metric_per_seed_with_mean_min_max_over_the_seeds_that_reached(
         (s, f"c{s}", str(tmp_path / f"seed{s}")) for s in (0, 1, 2)
     ]
     assert [i["target"] for i in inputs] == pytest.approx([0.5, 0.45, 0.4])
+    assert inputs[1]["command"] == "python -m fedsync.simulations.compare toy --seed 1"
+    assert (inputs[1]["date"], inputs[1]["machine"]["cpus"]) == ("2026-01-02", 4)
 
     fedavg, teasq = document["strategies"]
     assert (fedavg["label"], teasq["label"], teasq["strategy"]) == ("fedavg", "teasq", "teasq")
@@ -196,3 +213,163 @@ def test_missing_inputs_are_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main([str(tmp_path / "out"), str(folder), str(tmp_path / "nowhere")]) == 2
     assert "nowhere" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# --- the results page of a seeds.json (fedsync.reports.pages) -----------------------------------
+# Targets 0.4, 0.42 and 0.45; bytes up in units of 10 kB. teasq reaches the target under
+# seeds 0 and 1 (8x and 5x sooner, 20x and 10x fewer bytes), not under seed 2.
+PAGE_CURVES: Curves = {
+    0: (
+        [(0, 0, 0.1), (40, 400, 0.6), (80, 800, 0.8)],
+        [(0, 0, 0.1), (5, 20, 0.7), (10, 40, 0.78)],
+    ),
+    1: (
+        [(0, 0, 0.1), (50, 500, 0.5), (100, 1000, 0.84)],
+        [(0, 0, 0.1), (10, 50, 0.5), (20, 100, 0.82)],
+    ),
+    2: (
+        [(0, 0, 0.1), (30, 300, 0.6), (60, 600, 0.9)],
+        [(0, 0, 0.1), (5, 10, 0.2), (10, 20, 0.3)],
+    ),
+}
+MANIFEST = """
+[[page]]
+name = "p"
+title = "T"
+summary = "S"
+description = "D"
+[[page.result]]
+json = "out/seeds.json"
+kind = "seeds"
+heading = "H"
+description = "D"
+labels.teasq = "TEASQ mode"
+goals = [
+    { kind = "fewer-bytes", row = "teasq", than = "fedavg", factor = 10, which = "total" },
+    { kind = "fewer-bytes", row = "teasq", than = "fedavg", factor = 15, which = "up" },
+    { kind = "sooner", row = "teasq", than = "fedavg", factor = 5 },
+    { kind = "accuracy-within", row = "teasq", than = "fedavg", points = 1 },
+    { kind = "time-at-most", row = "teasq", seconds = 7.5 },
+    { kind = "time-at-most", row = "fedavg", seconds = 40 },
+]
+headlines = [{ row = "teasq", than = "fedavg" }]
+"""
+
+
+def _summarized(tmp_path: Path, seeds: tuple[int, ...]) -> None:
+    """``out/seeds.json`` of the seeds' comparisons, as the command writes it."""
+    folders = _seed_dirs(tmp_path, seeds, PAGE_CURVES, unit=10_000)
+    assert main([str(tmp_path / "out"), *map(str, folders)]) == 0
+
+
+def _pages(tmp_path: Path, manifest: str = MANIFEST) -> dict[str, str]:
+    (tmp_path / "sources.toml").write_text(manifest, encoding="utf-8")
+    return render_pages(tmp_path, tmp_path / "sources.toml")
+
+
+def _goal_lines(page: str) -> list[str]:
+    return page.split("| goal | measured | met |\n| --- | --- | --- |\n")[1].splitlines()[:6]
+
+
+def test_the_page_of_seeds_shows_their_spread_every_run_goals_and_headline(
+    tmp_path: Path,
+) -> None:
+    _summarized(tmp_path, (1, 0))
+    pages = _pages(tmp_path)
+    page = pages["p.md"]
+    # Provenance: the summary's own, from the JSON, with seeds.md beside it.
+    assert "- **Data**: [`out/seeds.json`](../../out/seeds.json); every metric by seed: " in page
+    assert "[`seeds.md`](../../out/seeds.md)" in page
+    assert "  python -m fedsync.simulations.seeds " in page
+    assert "**0.4000** under seed 0, **0.4200** under seed 1." in page
+    assert "trailing mean of the last 3 evaluations" in page
+    head = (
+        "| strategy | reached | final acc | sim s to target | smoothed sim s to target "
+        "| MB total to target | MB up to target | MB down to target "
+        "| fewer bytes than `fedavg` (ratio of means) | by seed "
+        "| sooner than `fedavg` (mean ratio) | by seed |"
+    )
+    assert head in page
+    assert (
+        "| `fedavg` | 2 of 2 | 0.820 (0.800-0.840) | 45.0 (40.0-50.0) | 90.0 (80.0-100.0) "
+        "| 13.50 (12.00-15.00) | 4.50 | 9.00 | 1.00x | 1.00-1.00x | 1.00x | 1.00-1.00x |"
+    ) in page
+    # 13.5 / 1.05 MB; 1 / the mean of the time ratios 1/8 and 1/5.
+    assert (
+        "| `teasq` | 2 of 2 | 0.800 (0.780-0.820) | 7.5 (5.0-10.0) | 15.0 (10.0-20.0) "
+        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
+    ) in page
+    assert "\n- `teasq`: TEASQ mode\n" in page
+    assert "| `teasq` | 1 | 0.820 | 10.0 | 20.0 | 1.50 |" in page
+    assert (
+        f"- seed 1: `{tmp_path / 'seed1'}`, commit `c1`, run on 2026-01-02; machine: 4 CPUs, "
+        "Linux; `python -m fedsync.simulations.compare toy --seed 1`"
+    ) in page
+    assert _goal_lines(page) == [
+        "| `teasq`: >= 10x fewer bytes up and down to the target than `fedavg` (ratio of means) "
+        "| 12.9x (1.05 MB against 13.50 MB, means over 2 seeds); worst seed 10.0x (seed 1) "
+        "| yes |",
+        "| `teasq`: >= 15x fewer uplink bytes to the target than `fedavg` (ratio of means) "
+        "| 12.9x (0.35 MB against 4.50 MB, means over 2 seeds); worst seed 10.0x (seed 1) | no |",
+        "| `teasq`: >= 5x sooner to the target than `fedavg` (mean ratio) "
+        "| 6.15x (over 2 seeds); worst seed 5.00x (seed 1) | yes |",
+        "| `teasq`: final accuracy within 1 point of `fedavg` (means) "
+        "| -2.0 points (0.800 against 0.820, means); worst seed -2.0 points (seed 0) | no |",
+        "| `teasq`: at most 7.5 simulated s to the target (mean) "
+        "| 7.5 s (5.0-10.0 s by seed) | yes |",
+        "| `fedavg`: at most 40 simulated s to the target (mean) "
+        "| 45.0 s (40.0-50.0 s by seed) | no |",
+    ]
+    assert (
+        "- [T](p.md#h): `teasq` against `fedavg` over 2 seeds: 6.15x sooner to the target "
+        "accuracy in simulated time (mean ratio; 5.00-8.00x by seed), on 12.9x fewer bytes up "
+        "and down (ratio of means; 10.0-20.0x by seed); final accuracy 0.800 against 0.820 "
+        "(means)."
+    ) in pages["index.md"].splitlines()
+    with pytest.raises(PagesError, match=r"commit is in out/seeds\.json already"):
+        _pages(tmp_path, MANIFEST + 'commit = "abc1234"\n')
+
+
+def test_a_row_that_missed_the_target_under_a_seed_misses_its_goals(tmp_path: Path) -> None:
+    _summarized(tmp_path, (0, 1, 2))
+    pages = _pages(tmp_path)
+    page = pages["p.md"]
+    # The ratios are over seeds 0 and 1, where both reached the target.
+    assert (
+        "| `teasq` | 2 of 3 | 0.633 (0.300-0.820) | 7.5 (5.0-10.0) | 15.0 (10.0-20.0) "
+        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
+    ) in page
+    assert "| `teasq` | 2 | 0.300 | not reached | not reached | not reached |" in page
+    missed = "`teasq` reached the target under 2 of 3 seeds"
+    assert [line.split(" | ")[1:] for line in _goal_lines(page)] == [
+        [missed, "no |"],
+        [missed, "no |"],
+        [missed, "no |"],
+        ["-21.3 points (0.633 against 0.847, means); worst seed -60.0 points (seed 2)", "no |"],
+        [missed, "no |"],
+        ["40.0 s (30.0-50.0 s by seed)", "yes |"],
+    ]
+    assert (
+        f"- [T](p.md#h): `teasq` against `fedavg` over 3 seeds ({missed}): 6.15x sooner to the "
+        "target accuracy in simulated time (mean ratio; 5.00-8.00x by seed), on 12.9x fewer "
+        "bytes up and down (ratio of means; 10.0-20.0x by seed); final accuracy 0.633 against "
+        "0.847 (means)."
+    ) in pages["index.md"].splitlines()
+
+
+@pytest.mark.parametrize(
+    ("goal", "message"),
+    [
+        ('{ kind = "faster", row = "teasq", than = "fedavg" }', "goal kind 'faster' is not known"),
+        ('{ kind = "time-at-most", row = "teasq" }', "needs 'seconds'"),
+        ('{ kind = "sooner", row = "nope", than = "fedavg" }', "has no row 'nope'"),
+    ],
+)
+def test_a_malformed_seeds_goal_is_an_error(tmp_path: Path, goal: str, message: str) -> None:
+    manifest = MANIFEST.replace(
+        '{ kind = "sooner", row = "teasq", than = "fedavg", factor = 5 }', goal
+    )
+    assert manifest != MANIFEST
+    _summarized(tmp_path, (0, 1))
+    with pytest.raises(PagesError, match=message):
+        _pages(tmp_path, manifest)
