@@ -29,17 +29,14 @@ from fedsync.clients.compressed import (
 )
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
-from fedsync.config import RunConfig
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
-from fedsync.reports import RunRecorder, read_events
-from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.server.run_async import AsyncResult
 from fedsync.task import model_state
 from fedsync.updates import densify
-from tests.unit.test_async_run import FakeGrid, make_evaluate, of
+from tests.unit.test_async_run import of
 from tests.unit.test_shared_downlink_run import (
     BAD_SEED,
-    NODES,
     SHAPES,
     SPECS,
     SharedClients,
@@ -48,6 +45,7 @@ from tests.unit.test_shared_downlink_run import (
     shared_task,
     task_identity,
 )
+from tests.unit.test_shared_downlink_run import run as shared_run
 
 __all__ = ["task_identity"]  # the fixture Message() needs
 
@@ -167,37 +165,18 @@ class DeltaClients(SharedClients):
         )
 
 
-def run(tmp_path: Path, **overrides: Any) -> tuple[AsyncResult, list[dict[str, Any]], Any]:
+def run(
+    tmp_path: Path, **overrides: Any
+) -> tuple[AsyncResult, list[dict[str, Any]], SharedClients]:
+    """The shared-downlink run's fleet and settings, with rotated 4-bit delta downlinks
+    from the seeded start and the default lag guard."""
     settings: dict[str, Any] = {
-        "strategy": "fedbuff",
-        "concurrency": 4,
-        "buffer_size": 2,
-        "max_aggregations": 10,
-        "eval_every": 5,
-        "fleet": "digits-stragglers",
-        "seed": 5,
-        "max_retries": 2,
-        "uplink_codec": "topk:0.3+uniform:8+ef",
         "downlink_kind": "delta",
         "downlink_delta_codec": "none+rht+uniform:4",
-        "downlink_seeded_start": True,
-        "plots": False,
+        "downlink_max_lag": 0.1,
         **overrides,
     }
-    clients = DeltaClients()
-    recorder = RunRecorder(tmp_path, "seeded-delta")
-    try:
-        result = run_async(
-            FakeGrid(NODES, clients, seed=3),  # type: ignore[arg-type]
-            RunConfig.of(**settings),
-            recorder=recorder,
-            global_state={**initial(), "bn.num_batches_tracked": torch.tensor(3)},
-            evaluate_fn=make_evaluate(NODES),
-            sleep=lambda _: None,
-        )
-    finally:
-        recorder.close()
-    return result, list(read_events(recorder.events_path)), clients
+    return shared_run(tmp_path, DeltaClients(), **settings)
 
 
 def test_a_seeded_delta_run_starts_devices_from_version_0_and_resyncs_a_mismatch(

@@ -13,6 +13,7 @@ from fedsync.reports.pages import PagesError, render_pages
 from fedsync.simulations.results import EvalPoint, RunResult, build_comparison, load_comparison
 from fedsync.simulations.scenario import Scenario, parse_scenario
 from fedsync.simulations.seeds import SeedsError, main, read_inputs, summarize
+from tests.unit.test_docs import one_result_page
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,17 +233,9 @@ PAGE_CURVES: Curves = {
         [(0, 0, 0.1), (5, 10, 0.2), (10, 20, 0.3)],
     ),
 }
-MANIFEST = """
-[[page]]
-name = "p"
-title = "T"
-summary = "S"
-description = "D"
-[[page.result]]
-json = "out/seeds.json"
-kind = "seeds"
-heading = "H"
-description = "D"
+MANIFEST = (
+    one_result_page("out/seeds.json", "seeds")
+    + """
 labels.teasq = "TEASQ mode"
 goals = [
     { kind = "fewer-bytes", row = "teasq", than = "fedavg", factor = 10, which = "total" },
@@ -254,6 +247,7 @@ goals = [
 ]
 headlines = [{ row = "teasq", than = "fedavg" }]
 """
+)
 
 
 def _summarized(tmp_path: Path, seeds: tuple[int, ...]) -> None:

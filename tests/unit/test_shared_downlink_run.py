@@ -126,8 +126,10 @@ class SharedClients:
 
 
 def run(
-    tmp_path: Path, **overrides: Any
+    tmp_path: Path, clients: SharedClients | None = None, **overrides: Any
 ) -> tuple[AsyncResult, list[dict[str, Any]], SharedClients]:
+    """A run of ``clients`` (default: :class:`SharedClients`) on a fake Grid; keyword
+    arguments override the shared-downlink settings."""
     settings: dict[str, Any] = {
         "strategy": "fedbuff",
         "concurrency": 4,
@@ -146,7 +148,7 @@ def run(
         "plots": False,
         **overrides,
     }
-    clients = SharedClients()
+    clients = clients or SharedClients()
     grid = FakeGrid(NODES, clients, seed=3)
     recorder = RunRecorder(tmp_path, "shared")
     try:
