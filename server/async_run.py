@@ -288,6 +288,7 @@ class AsyncRun:
             ab_side=plan.ab_side,
             downlink_kind=plan.downlink.kind,
             downlink_lag=round(plan.downlink.lag, 6),
+            **({"downlink_change": round(plan.downlink.change, 6)} if plan.downlink.change else {}),
             **_shared_fields(plan),
             uplink_codec=plan.uplink_spec,
             in_flight=self.scheduler.in_flight,

@@ -87,6 +87,9 @@ class DownlinkPayload:
     """``||global - device model|| / ||global||`` once the device applied the payload:
     what the device trains without (0 for a full payload, apart from its codec's
     rounding; the server-side residual of a delta)."""
+    change: float = 0.0
+    """A delta's ``||global - device model|| / ||global||`` before the device applies it:
+    the change it carries, relative to the model (0 for the other payloads)."""
     detail: str = ""
     """A shared payload's content: ``seeded`` or ``stay`` (empty: the device holds its
     start already), ``changes``, ``whole`` (``""`` for the other kinds)."""
@@ -226,12 +229,14 @@ class DownlinkEncoder:
         lag: float = 0.0,
         *,
         seeded: bool,
+        change: float = 0.0,
     ) -> DownlinkPayload:
         return DownlinkPayload(
             payload,
             kind,
             start if self.keep_start else None,
             lag,
+            change=change,
             detail="seeded" if seeded else "",
             initial_digest=self.initial_digest if seeded else "",
         )
@@ -257,7 +262,8 @@ class DownlinkEncoder:
         }
         self._pending[node_id] = start
         lag = relative_gap(state, start)
-        return self._payload(payload, "delta", start, lag, seeded=seeded)
+        change = relative_gap(state, replica)
+        return self._payload(payload, "delta", start, lag, seeded=seeded, change=change)
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload decoded to."""

@@ -93,6 +93,8 @@ def test_a_later_first_task_is_a_delta_against_version_0() -> None:
     full = UpdateCodec("none+fp16").encode(state)
     assert 0 < len(payload.payload) < len(full)  # 8 bits a value, not 16
     assert payload.start is not None and relative_gap(state, payload.start) == payload.lag
+    # the change it carries: the whole way from version 0, of which it leaves the lag
+    assert payload.change == relative_gap(state, initial()) > payload.lag > 0
 
 
 def test_too_far_from_version_0_or_known_before_means_a_whole_model() -> None:
