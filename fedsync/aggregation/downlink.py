@@ -179,6 +179,8 @@ class DownlinkEncoder:
         self.payloads: Counter[str] = Counter()
         """Payloads by kind: ``full``, ``delta``, ``seeded`` (a first task from the seeded
         initial model: empty at version 0, else a delta against it)."""
+        self._gaps: list[tuple[float, float]] = []
+        """``(change, lag)`` of every delta sent (:class:`DownlinkPayload`)."""
 
     def prepare(
         self, node_id: int, state: Mapping[str, torch.Tensor], version: int
@@ -208,6 +210,7 @@ class DownlinkEncoder:
             delta = self._delta(node_id, state, replica, version, seeded=seeded)
             if delta.lag <= self.max_lag:
                 self.payloads["seeded" if seeded else "delta"] += 1
+                self._gaps.append((delta.change, delta.lag))
                 return delta
             # The codec left too much of the model behind: resynchronise with a full one.
             self.resyncs += 1
@@ -304,12 +307,15 @@ class DownlinkEncoder:
         return len(self._replicas)
 
     def describe(self) -> dict[str, object]:
-        """Payload counts and resyncs, for ``summary.json``."""
+        """Payload counts, resyncs, and the deltas' change and lag (10th, 50th and 90th
+        percentiles), for ``summary.json``."""
         return {
             "kind": self.kind,
             "seeded_start": bool(self.initial_digest) or self.payloads["seeded"] > 0,
             "payloads": dict(sorted(self.payloads.items())),
             "resyncs": self.resyncs,
+            "delta_change": _percentiles([change for change, _ in self._gaps]),
+            "delta_lag": _percentiles([lag for _, lag in self._gaps]),
         }
 
     def _full_payload(
@@ -324,6 +330,17 @@ class DownlinkEncoder:
             )
             self._full = (version, payload, decoded)
         return self._full[1], self._full[2]
+
+
+def _percentiles(values: list[float]) -> dict[str, float] | None:
+    """The 10th, 50th and 90th percentiles (nearest rank), rounded; ``None`` if empty."""
+    if not values:
+        return None
+    ranked = sorted(values)
+    return {
+        f"p{q}": round(ranked[min(len(ranked) - 1, (q * len(ranked)) // 100)], 6)
+        for q in (10, 50, 90)
+    }
 
 
 def _equal(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> bool:

@@ -82,7 +82,9 @@ def test_a_first_task_at_version_0_sends_nothing_and_names_the_initial_model() -
     second = downlink.prepare(1, state, 1)
     assert second.kind == "delta" and second.payload and second.initial_digest == ""
     assert second.lag < 0.01
-    assert downlink.describe()["payloads"] == {"delta": 1, "seeded": 1}
+    described = downlink.describe()
+    assert described["payloads"] == {"delta": 1, "seeded": 1}
+    assert described["delta_change"] == {f"p{q}": round(second.change, 6) for q in (10, 50, 90)}
 
 
 def test_a_later_first_task_is_a_delta_against_version_0() -> None:
