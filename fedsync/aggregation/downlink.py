@@ -28,8 +28,9 @@ per device), is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -179,8 +180,9 @@ class DownlinkEncoder:
         self.payloads: Counter[str] = Counter()
         """Payloads by kind: ``full``, ``delta``, ``seeded`` (a first task from the seeded
         initial model: empty at version 0, else a delta against it)."""
-        self._gaps: list[tuple[float, float]] = []
-        """``(change, lag)`` of every delta sent (:class:`DownlinkPayload`)."""
+        self._changes = array("d")
+        self._lags = array("d")
+        """Every delta's change and lag (:class:`DownlinkPayload`), 16 bytes a task."""
 
     def prepare(
         self, node_id: int, state: Mapping[str, torch.Tensor], version: int
@@ -210,7 +212,8 @@ class DownlinkEncoder:
             delta = self._delta(node_id, state, replica, version, seeded=seeded)
             if delta.lag <= self.max_lag:
                 self.payloads["seeded" if seeded else "delta"] += 1
-                self._gaps.append((delta.change, delta.lag))
+                self._changes.append(delta.change)
+                self._lags.append(delta.lag)
                 return delta
             # The codec left too much of the model behind: resynchronise with a full one.
             self.resyncs += 1
@@ -314,8 +317,8 @@ class DownlinkEncoder:
             "seeded_start": bool(self.initial_digest) or self.payloads["seeded"] > 0,
             "payloads": dict(sorted(self.payloads.items())),
             "resyncs": self.resyncs,
-            "delta_change": _percentiles([change for change, _ in self._gaps]),
-            "delta_lag": _percentiles([lag for _, lag in self._gaps]),
+            "delta_change": _percentiles(self._changes),
+            "delta_lag": _percentiles(self._lags),
         }
 
     def _full_payload(
@@ -332,7 +335,7 @@ class DownlinkEncoder:
         return self._full[1], self._full[2]
 
 
-def _percentiles(values: list[float]) -> dict[str, float] | None:
+def _percentiles(values: Sequence[float]) -> dict[str, float] | None:
     """The 10th, 50th and 90th percentiles (nearest rank), rounded; ``None`` if empty."""
     if not values:
         return None
