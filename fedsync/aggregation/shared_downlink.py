@@ -23,7 +23,7 @@ What a device is sent, given the version ``u`` the server knows it holds:
   are) or together outweigh a whole model: then the whole model, counted as a resync;
 * nothing known (its first task, or after a failed or lost task): the whole model --
   except on its first contact in a run that started from the seeded initial model
-  (``downlink-seeded-start``, on by default), where it is assumed to hold version 0
+  (``downlink-seeded-start``, off by default), where it is assumed to hold version 0
   (it can build it: :mod:`fedsync.models.initial`) and its task carries that model's
   digest; a device whose own version 0 differs refuses the task and the server resyncs
   it with a whole model next time.

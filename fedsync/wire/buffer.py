@@ -20,7 +20,15 @@ from fedsync.wire.errors import (
     UnsupportedVersion,
 )
 
-__all__ = ["MAX_VARINT_BYTES", "Reader", "Writer", "open_container", "varint_len"]
+__all__ = [
+    "MAX_VARINT_BYTES",
+    "Reader",
+    "Writer",
+    "new_container",
+    "open_container",
+    "seal_container",
+    "varint_len",
+]
 
 MAX_VARINT_BYTES = 10
 """Bytes of the longest varint (a value just below 2**64)."""
@@ -166,6 +174,22 @@ class Reader:
             raise MalformedField(
                 f"not valid UTF-8 ({exc.reason} at byte {exc.start})", field=field, tensor=tensor
             ) from None
+
+
+def new_container(*, magic: bytes, format_version: int) -> Writer:
+    """A writer of a small container frame (:func:`open_container` reads it back), its
+    ``magic`` and format-version byte written: the body goes next, then
+    :func:`seal_container`."""
+    writer = Writer()
+    writer.raw(magic)
+    writer.u8(format_version)
+    return writer
+
+
+def seal_container(writer: Writer) -> bytes:
+    """The container frame ``writer`` holds, with the CRC-32 of all of it appended."""
+    body = b"".join(bytes(part) for part in writer.parts)
+    return body + struct.pack("<I", zlib.crc32(body))
 
 
 def open_container(

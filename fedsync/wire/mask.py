@@ -31,8 +31,6 @@ each count before it allocates a tensor's mask; every fault is a
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,7 +38,7 @@ import numpy as np
 import torch
 
 from fedsync.updates import TensorSpec
-from fedsync.wire.buffer import Writer, open_container
+from fedsync.wire.buffer import new_container, open_container, seal_container
 from fedsync.wire.errors import (
     CountMismatch,
     MalformedField,
@@ -83,9 +81,7 @@ def encode_masks(
     ValueError
         For a mask of a tensor the model does not have, or of another element count.
     """
-    writer = Writer()
-    writer.raw(MASK_MAGIC)
-    writer.u8(MASK_FORMAT_VERSION)
+    writer = new_container(magic=MASK_MAGIC, format_version=MASK_FORMAT_VERSION)
     writer.varint(version)
     writer.raw(schema_digest(specs))
     writer.varint(len(masks))
@@ -101,8 +97,7 @@ def encode_masks(
         writer.varint(int(flat.size))
         writer.varint(int(flat.sum()))
         writer.raw(np.packbits(flat, bitorder="little").tobytes())
-    body = b"".join(bytes(part) for part in writer.parts)
-    return body + struct.pack("<I", zlib.crc32(body))
+    return seal_container(writer)
 
 
 def decode_masks(payload: bytes | memoryview, specs: Mapping[str, TensorSpec]) -> MaskSet:

@@ -42,14 +42,12 @@ holds, the version its task names) is the client's: :mod:`fedsync.clients.compre
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from fedsync.wire.buffer import Reader, Writer, open_container
+from fedsync.wire.buffer import Reader, Writer, new_container, open_container, seal_container
 from fedsync.wire.errors import (
     LimitExceeded,
     MalformedField,
@@ -154,7 +152,7 @@ def encode_changes(
         writer.varint(target)
         writer.varint(len(frame))
         writer.raw(frame)
-    return _sealed(writer)
+    return seal_container(writer)
 
 
 def encode_whole(frame: bytes, *, target: int, epoch: int, grid: str) -> bytes:
@@ -162,7 +160,7 @@ def encode_whole(frame: bytes, *, target: int, epoch: int, grid: str) -> bytes:
     writer = _head(grid, _KIND_WHOLE, epoch, target)
     writer.varint(len(frame))
     writer.raw(frame)
-    return _sealed(writer)
+    return seal_container(writer)
 
 
 def decode_shared(payload: bytes | memoryview) -> SharedFrame:
@@ -234,19 +232,12 @@ def decode_shared(payload: bytes | memoryview) -> SharedFrame:
 def _head(grid: str, kind: int, epoch: int, target: int) -> Writer:
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; valid: {', '.join(GRIDS)}")
-    writer = Writer()
-    writer.raw(SHARED_MAGIC)
-    writer.u8(SHARED_FORMAT_VERSION)
+    writer = new_container(magic=SHARED_MAGIC, format_version=SHARED_FORMAT_VERSION)
     writer.u8(GRIDS.index(grid))
     writer.u8(kind)
     writer.varint(epoch)
     writer.varint(target)
     return writer
-
-
-def _sealed(writer: Writer) -> bytes:
-    body = b"".join(bytes(part) for part in writer.parts)
-    return body + struct.pack("<I", zlib.crc32(body))
 
 
 def _at_end(reader: Reader) -> None:
