@@ -323,22 +323,29 @@ def _downlink_of(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """What an engine run's downlink sent, from its ``summary.json``: tasks, resyncs, the
     broadcast figure (a shared downlink's) and the encoder's own account (payloads by
     kind, why whole models went out); ``None`` for a run without one (FedAvg)."""
-    if summary.get(_DOWNLINK_ROW) is not None:  # a row read back by runs_of
-        return dict(summary[_DOWNLINK_ROW])
     account = summary.get("downlink_shared") or summary.get("downlink")
     if not isinstance(account, Mapping):
         return None
     return {
-        "tasks": summary.get("tasks"),
-        "resyncs": summary.get("downlink_resyncs"),
-        "bytes_down_broadcast": summary.get("total_bytes_down_broadcast"),
+        **{field: summary.get(key) for field, key in _DOWNLINK_FIELDS.items()},
         "shared": "downlink_shared" in summary,
         **account,
     }
 
 
-_DOWNLINK_ROW = "comparison-downlink-row"
-"""The key :func:`runs_of` keeps a row's ``downlink`` under in the summary it rebuilds."""
+_DOWNLINK_FIELDS = {
+    "tasks": "tasks",
+    "resyncs": "downlink_resyncs",
+    "bytes_down_broadcast": "total_bytes_down_broadcast",
+}
+"""A row's ``downlink`` fields taken from the summary's top level, by their summary key."""
+
+
+def _downlink_summary(downlink: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary fields a row's ``downlink`` (:func:`_downlink_of`) was drawn from."""
+    fields = {key: downlink.get(field) for field, key in _DOWNLINK_FIELDS.items()}
+    account = {k: v for k, v in downlink.items() if k not in _DOWNLINK_FIELDS and k != "shared"}
+    return {**fields, ("downlink_shared" if downlink.get("shared") else "downlink"): account}
 
 
 def read_run(folder: Path, label: str, strategy: str) -> RunResult:
@@ -402,7 +409,7 @@ def runs_of(document: Mapping[str, Any]) -> list[RunResult]:
         if row.get("run_target") is not None:
             summary["target"] = row["run_target"]
         if row.get("downlink") is not None:
-            summary[_DOWNLINK_ROW] = row["downlink"]
+            summary.update(_downlink_summary(row["downlink"]))
         series = [  # four numbers per point before losses were kept, five since
             EvalPoint(float(t), int(up), int(down), float(acc), *(float(x) for x in loss[:1]))
             for t, up, down, acc, *loss in row.get("evaluations", [])

@@ -354,3 +354,14 @@ def test_rows_rebuilt_from_run_folders_leave_the_commit_to_the_manifest(tmp_path
     )
     assert "- **Committed**: in `ccc3333` on 2026-01-02" in page
     assert "`fedavg` from `python -m fedsync.simulations.compare fmnist-ci --only fedavg`" in page
+
+
+def test_the_downlink_accounts_of_a_committed_comparison_read_back_unchanged() -> None:
+    """Rows carry each run's downlink account (per-device deltas and shared changes);
+    rebuilt from the document alone, the comparison is the same, account included."""
+    path = Path(__file__).resolve().parents[2] / "simulations/results/fmnist-iot-downlink"
+    committed = json.loads((path / "comparison.json").read_text(encoding="utf-8"))
+    committed.pop("provenance")
+    kinds = {row["downlink"]["shared"] for row in committed["strategies"] if row["downlink"]}
+    assert kinds == {True, False}
+    assert json.loads(json.dumps(load_comparison(committed).as_dict())) == committed
