@@ -12,8 +12,9 @@ comparison (:data:`SAME`), each folder under a seed of its own. Writes ``seeds.j
 every seed, in seed order, and the mean, minimum and maximum over the seeds that have one
 (``n`` of them: a run that did not reach the target, or a strategy a seed did not run, has
 none); and the ratio of means of the total bytes to the target, the baseline's over the
-strategy's. Every seed fixes its own target from its own runs, and its ratios are against
-its own baseline run; ``inputs`` lists each folder with its seed, its target, and the
+strategy's, over the seeds where both reached the target (:func:`fewer_of_means`). Every
+seed fixes its own target from its own runs, and its ratios are against its own baseline
+run; ``inputs`` lists each folder with its seed, its target, and the
 commit, command, date and machine of its ``provenance``.
 """
 
@@ -30,13 +31,13 @@ from typing import Any
 
 from fedsync.reports.provenance import provenance
 from fedsync.simulations.report import fmt
-from fedsync.simulations.results import ratio
 
 __all__ = [
     "METRICS",
     "TOTAL_BYTES",
     "Metric",
     "SeedsError",
+    "fewer_of_means",
     "main",
     "read_inputs",
     "spread",
@@ -167,6 +168,20 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
     }
 
 
+def fewer_of_means(
+    mine: Sequence[float | None], theirs: Sequence[float | None]
+) -> tuple[float, float, float] | None:
+    """The ratio of means ``mean(theirs) / mean(mine)`` over the seeds where both have a
+    value (a cost to the target: where both reached it), with the two means; ``None``
+    where no seed has both, or ``mine``'s mean is 0."""
+    pairs = [(a, b) for a, b in zip(mine, theirs, strict=True) if a is not None and b is not None]
+    if not pairs:
+        return None
+    mean_mine = statistics.fmean(a for a, _ in pairs)
+    mean_theirs = statistics.fmean(b for _, b in pairs)
+    return (mean_theirs / mean_mine, mean_mine, mean_theirs) if mean_mine > 0 else None
+
+
 def summarize(inputs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any]:
     """The ``seeds.json`` document (less its ``provenance``) of :func:`read_inputs`'s
     inputs; strategies in the order they first appear."""
@@ -185,11 +200,11 @@ def summarize(inputs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any
                 "metrics": {m.key: spread([m.of(row) for row in rows]) for m in METRICS},
             }
         )
-    means = {s["label"]: s["metrics"][TOTAL_BYTES.key]["mean"] for s in strategies}
+    totals = {s["label"]: s["metrics"][TOTAL_BYTES.key]["values"] for s in strategies}
     for strategy in strategies:
-        strategy["x_fewer_total_bytes"] = ratio(
-            means.get(first["baseline"]), means[strategy["label"]]
-        )
+        base = totals.get(first["baseline"])
+        fewer = fewer_of_means(totals[strategy["label"]], base) if base else None
+        strategy["x_fewer_total_bytes"] = fewer[0] if fewer else None
     return {
         **{key: first.get(key) for key in SAME},
         "target_metric": metric,
@@ -236,7 +251,7 @@ def write_markdown(document: Mapping[str, Any], path: Path) -> Path:
         ),
         "",
         f"Total bytes (up + down) to the target, ratio of means: `{baseline}`'s mean / the "
-        "strategy's mean.",
+        "strategy's mean, over the seeds where both reached the target.",
         "",
         "| strategy | n | mean MB total to target | x fewer total bytes |",
         "|" + " --- |" * 4,

@@ -88,6 +88,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsync.simulations.seeds import fewer_of_means
+
 __all__ = [
     "GENERATOR",
     "HAND_WRITTEN",
@@ -771,11 +773,9 @@ def _fewer_of_means(
     result: Result, row: Mapping[str, Any], than: Mapping[str, Any], key: str
 ) -> tuple[float, float, float] | None:
     """Than's mean over the row's, and the two means, over the seeds where both have the
-    metric; ``None`` where there are none."""
-    pairs = _pairs(result, row, than, key)
-    mine = statistics.fmean(a for _, a, _ in pairs) if pairs else 0
-    theirs = statistics.fmean(b for _, _, b in pairs) if pairs else 0
-    return (theirs / mine, mine, theirs) if mine > 0 else None
+    metric (:func:`fedsync.simulations.seeds.fewer_of_means`); ``None`` where there are
+    none."""
+    return fewer_of_means(_stats(result, row, key)["values"], _stats(result, than, key)["values"])
 
 
 def _sooner_of_ratios(
