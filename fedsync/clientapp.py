@@ -208,8 +208,11 @@ def receive(
             model.to(device)
         return Task(msg, context, model, model, config)
     task = TrainTask.from_record(content, run_id=context.run_id)
-    specs = tensor_specs(model_state(model))
+    given = model_state(model)
+    specs = tensor_specs(given)
     masks = pruning_masks(task, specs, context)
+    # The model as given, before any load: the seeded version 0 when built so.
+    initial = given if task.initial_digest else None
     if task.downlink_kind == "shared":
         start = apply_shared_downlink(
             task.payload,
@@ -217,8 +220,7 @@ def receive(
             context,
             version=task.version,
             initial_digest=task.initial_digest,
-            # The model as given, before any load: the seeded version 0 when built so.
-            initial=model_state(model) if task.initial_digest else None,
+            initial=initial,
             masks=masks,
         )
     else:
@@ -230,7 +232,7 @@ def receive(
             keep_base=task.delta_downlinks,
             masks=masks,
             initial_digest=task.initial_digest,
-            initial=model_state(model) if task.initial_digest else None,
+            initial=initial,
         )
     model.load_state_dict(start, strict=False)
     factored: FactoredModel | None = None

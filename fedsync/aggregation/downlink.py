@@ -119,8 +119,9 @@ class DownlinkEncoder:
         Model version -> codec for delta payloads (``downlink-delta-codec`` with the
         downlink schedule's density and bits filled in); required with ``"delta"``.
     initial : mapping of str to torch.Tensor, optional
-        Delta mode: the seeded initial model (version 0) every device builds itself; a
-        device's first task then starts from it plus a delta, not from a full payload.
+        Delta mode: the seeded initial model every device builds itself, the global
+        model's version 0; a device's first task then starts from it (plus a delta once
+        the version moved on), not from a full payload.
     initial_digest : str
         :func:`fedsync.models.initial.state_digest` of ``initial``, sent with the tasks
         that start from it (required with ``initial``).
@@ -203,8 +204,8 @@ class DownlinkEncoder:
         if seeded:
             assert self._initial is not None
             replica = self._initial
-            if _equal(state, replica):
-                # Version 0, unchanged: the device holds its start already.
+            if version == 0:
+                # The global model is the initial one: the device holds its start already.
                 self._pending[node_id] = {name: t.clone() for name, t in replica.items()}
                 self.payloads["seeded"] += 1
                 return self._payload(b"", "delta", self._pending[node_id], seeded=True)
@@ -344,10 +345,6 @@ def _percentiles(values: Sequence[float]) -> dict[str, float] | None:
         f"p{q}": round(ranked[min(len(ranked) - 1, (q * len(ranked)) // 100)], 6)
         for q in (10, 50, 90)
     }
-
-
-def _equal(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> bool:
-    return all(torch.equal(state[name], held[name]) for name in held)
 
 
 def relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:
