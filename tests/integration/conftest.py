@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,32 @@ if TYPE_CHECKING:
     from fedsync.simulations.results import Comparison, RunResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def argv_after_exec(pid: int, timeout: float = 15.0) -> list[str]:
+    """The command line ``pid`` runs, waiting out the window in which it is still exec'ing.
+
+    ``subprocess.Popen`` returns once the child's close-on-exec pipe closes, which the
+    kernel does before it sets the new program's arguments: read at once, on a loaded
+    machine, ``/proc/<pid>/cmdline`` can be empty for a live process (CI saw it).
+
+    Raises
+    ------
+    AssertionError
+        When the process is gone, or still has no command line after ``timeout`` s.
+    """
+    from fedsync.deploy.proctree import alive, cmdline
+
+    deadline = time.monotonic() + timeout
+    while True:
+        argv = cmdline(pid)
+        if argv:
+            return argv
+        if not alive(pid):
+            raise AssertionError(f"pid {pid} exited before its command line could be read")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} has no command line after {timeout:.0f}s")
+        time.sleep(0.05)
 
 
 def live_group_members(pgids: Iterable[int]) -> list[int]:

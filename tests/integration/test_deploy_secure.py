@@ -24,13 +24,9 @@ from fedsync.deploy import (
 )
 from fedsync.deploy.processes import ManagedProcess, start_process
 from fedsync.reports import read_events
-from tests.integration.conftest import live_group_members
+from tests.integration.conftest import argv_after_exec, live_group_members
 
 pytestmark = [pytest.mark.integration]
-
-
-def _cmdline(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
 def _wait_exit(process: ManagedProcess, timeout: float) -> int | None:
@@ -50,13 +46,13 @@ def test_registered_nodes_run_strangers_are_refused(tmp_path: Path, project_root
     strangers: list[ManagedProcess] = []
     try:
         assert deployment.link.process is not None
-        link_cmd = _cmdline(deployment.link.process.pid)
+        link_cmd = argv_after_exec(deployment.link.process.pid)
         assert "--insecure" not in link_cmd
         assert {"--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile"} <= set(link_cmd)
         assert "--enable-supernode-auth" in link_cmd
         for node in deployment.supernodes:
             assert node.poll() is None, f"{node.name} exited: {node.log_path.read_text()}"
-            node_cmd = _cmdline(node.pid)
+            node_cmd = argv_after_exec(node.pid)
             assert "--insecure" not in node_cmd
             assert {"--root-certificates", "--auth-supernode-private-key"} <= set(node_cmd)
         config = (deployment.link.flwr_home / "config.toml").read_text()
@@ -128,7 +124,7 @@ def test_insecure_mode_is_explicit_and_warns(tmp_path: Path) -> None:
         link.start()
     try:
         assert link.process is not None
-        assert "--insecure" in _cmdline(link.process.pid)
+        assert "--insecure" in argv_after_exec(link.process.pid)
         assert "insecure = true" in (link.flwr_home / "config.toml").read_text()
         assert not (tmp_path / "run" / "certs").exists()
     finally:

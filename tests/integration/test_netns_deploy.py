@@ -26,8 +26,9 @@ import pytest
 from cryptography import x509
 
 from fedsync.deploy import LocalDeployment, ShapedNetwork
-from fedsync.deploy.proctree import alive, cmdline
+from fedsync.deploy.proctree import alive
 from fedsync.reports import read_events
+from tests.integration.conftest import argv_after_exec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -112,7 +113,7 @@ def test_supernodes_in_own_namespaces_over_tls_with_node_auth(
         for index, node in enumerate(deployment.supernodes):
             assert node.poll() is None, node.log_path.read_text()
             _wait_exec(node.pid)
-            argv = cmdline(node.pid)
+            argv = argv_after_exec(node.pid)
             assert argv[argv.index("--superlink") + 1] == link.fleet_address
             assert "--insecure" not in argv
             assert "--root-certificates" in argv
