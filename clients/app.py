@@ -23,8 +23,11 @@ from __future__ import annotations
 from fedsync.clients import timing
 
 # isort: split
+from logging import WARNING
+
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from fedsync import protocol
 from fedsync.clientapp import probe_reply, receive
@@ -84,11 +87,22 @@ def train_task(msg: Message, context: Context, runtime: ClientRuntime) -> Messag
         if task.compressed is not None
         else LocalTraining.from_task(task.config, runtime)
     )
-    result = training.run(task.module, train_set, runtime.device)
+    settings = runtime.settings
+    inner = None
+    if settings.keeps_optimizer_state or settings.schedule is not None:
+        inner = task.inner_optimizer(keep_moments=settings.keeps_optimizer_state)
+        params = [p for p in task.module.parameters() if p.requires_grad]
+        try:
+            inner.check_fits(params)
+        except ValueError as err:  # another module (AB-Training's other factor)
+            log(WARNING, "[fedsync] a fresh inner optimizer for this task: %s", err)
+            inner.state = None
+    result = training.run(task.module, train_set, runtime.device, inner)
     return task.reply(
         num_examples=int(result["num_examples"]),
         metrics={
             protocol.TRAIN_LOSS: float(result["train_loss"]),
             protocol.NUM_STEPS: int(result["steps"]),
         },
+        inner=inner,
     )

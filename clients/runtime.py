@@ -19,6 +19,7 @@ from fedsync.config import (
     resolve_device,
 )
 from fedsync.data import ArrayDataset
+from fedsync.models.training import InnerOptimizer, LearningRateSchedule
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainTask
 from fedsync.records import get_float, get_int
@@ -93,6 +94,8 @@ class LocalTraining:
     optimizer: str = "sgd"
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
+    schedule: LearningRateSchedule | None = None
+    max_grad_norm: float | None = None
 
     @classmethod
     def from_task(cls, config: Mapping[str, Any], runtime: ClientRuntime) -> LocalTraining:
@@ -124,8 +127,15 @@ class LocalTraining:
             **runtime.settings.optimizer_settings,
         )
 
-    def run(self, model: torch.nn.Module, dataset: ArrayDataset, device: torch.device) -> Any:
-        """Train ``model`` in place on ``dataset``; returns the trainer's result."""
+    def run(
+        self,
+        model: torch.nn.Module,
+        dataset: ArrayDataset,
+        device: torch.device,
+        inner: InnerOptimizer | None = None,
+    ) -> Any:
+        """Train ``model`` in place on ``dataset`` (from and into ``inner``, the device's
+        optimizer memory, when given); returns the trainer's result."""
         return train_model(
             model,
             dataset,
@@ -140,6 +150,9 @@ class LocalTraining:
             optimizer=self.optimizer,
             betas=self.betas,
             weight_decay=self.weight_decay,
+            schedule=self.schedule,
+            max_grad_norm=self.max_grad_norm,
+            inner=inner,
         )
 
 

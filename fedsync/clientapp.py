@@ -48,7 +48,9 @@ from fedsync.clients.compressed import (
     pruning_masks,
     uplink_delta,
 )
+from fedsync.clients.inner_state import keep_inner_optimizer, restore_inner_optimizer
 from fedsync.config import node_partition
+from fedsync.models.training import InnerOptimizer
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec
@@ -101,8 +103,32 @@ class Task:
         round_ = self.config.get(protocol.SERVER_ROUND, -1)
         return round_ if isinstance(round_, int) else -1
 
+    def inner_optimizer(self, *, keep_moments: bool = True) -> InnerOptimizer:
+        """This device's inner optimizer as its last task left it (a fresh one at first).
+
+        DiLoCo-style training keeps each device's local optimizer (moments, step count)
+        across tasks: start yours from it with
+        :meth:`~fedsync.models.training.InnerOptimizer.load_into`, keep it with
+        :meth:`~fedsync.models.training.InnerOptimizer.save_from` after training, and
+        pass it to :meth:`reply`. fedsync's own loop takes it as ``train(inner=...)``.
+        It lives in ``context.state``, and with node config ``state-dir`` on disk too
+        (:mod:`fedsync.clients.inner_state`). ``keep_moments=False`` keeps the step
+        count only (a schedule across tasks, fresh moments each task).
+        """
+        job = self.compressed.job if self.compressed is not None else ""
+        return restore_inner_optimizer(
+            self.context,
+            job=job,
+            partition_id=_partition_id(self.context),
+            keep_moments=keep_moments,
+        )
+
     def reply(
-        self, *, num_examples: int, metrics: Mapping[str, MetricValue] | None = None
+        self,
+        *,
+        num_examples: int,
+        metrics: Mapping[str, MetricValue] | None = None,
+        inner: InnerOptimizer | None = None,
     ) -> Message:
         """The reply to send back: the trained model's update (or model) and its metrics.
 
@@ -115,6 +141,9 @@ class Task:
             Your own training metrics (``{"train_loss": 0.31}``); they travel in the
             reply's MetricRecord next to fedsync's (``num-examples``,
             ``compute-seconds``, ``uplink-bytes``).
+        inner : InnerOptimizer, optional
+            The device's inner optimizer after this task (see :meth:`inner_optimizer`):
+            kept for the next one.
 
         Raises
         ------
@@ -133,6 +162,11 @@ class Task:
             values[name] = value
         values[protocol.NUM_EXAMPLES] = int(num_examples)
         values[protocol.COMPUTE_SECONDS] = time.perf_counter() - self._received_at
+        if inner is not None:
+            job = self.compressed.job if self.compressed is not None else ""
+            keep_inner_optimizer(
+                inner, self.context, job=job, partition_id=_partition_id(self.context)
+            )
         if self.compressed is None:
             state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
             record = MetricRecord(cast(dict[str, Any], values))

@@ -39,7 +39,11 @@ from fedsync.data.types import UnknownDatasetError
 from fedsync.factored import SCHEDULES as AB_SCHEDULES
 from fedsync.models.registry import AUTO as AUTO_MODEL
 from fedsync.models.registry import model_factory, model_names
-from fedsync.models.training import CLIENT_OPTIMIZERS
+from fedsync.models.training import (
+    CLIENT_OPTIMIZERS,
+    OPTIMIZER_STATE_MODES,
+    LearningRateSchedule,
+)
 from fedsync.plugins import PluginError, is_import_path
 from fedsync.records import ConfigValue
 from fedsync.strategies import STRATEGIES
@@ -138,7 +142,8 @@ class TrainingSection(Section):
     dataset: str = key(
         "digits",
         "`digits` (scikit-learn's bundled 8x8 digits), `mnist`, `fashion-mnist`, "
-        "`shakespeare`, `synthetic`; or your own loader, `package.module:loader`, called as "
+        "`shakespeare`, `shakespeare-lm` (every position), `synthetic`; or your own loader, "
+        "`package.module:loader`, called as "
         "`loader(*, seed, data_dir)` and returning `fedsync.data.DatasetSplits` (needs an "
         "explicit `model`; its `auto` training keys: "
         f"`{DEFAULT_TRAINING.partitioning}`, learning rate {DEFAULT_TRAINING.learning_rate}, "
@@ -147,7 +152,8 @@ class TrainingSection(Section):
     model: str = key(
         "auto",
         "`mlp`, `mlp-wide` (2x512), `cnn`, `char-lstm` (2x256), `char-lstm-small` (1x128), "
-        "`logreg`; or your own factory, `package.module:factory`, called as "
+        "`char-gpt` (transformer, 4x128), `char-gpt-5m` (6x256), `logreg`; or your own "
+        "factory, `package.module:factory`, called as "
         "`factory(input_shape, num_classes)` and returning a `torch.nn.Module`; `auto` "
         "picks one for a bundled dataset",
     )
@@ -180,6 +186,21 @@ class TrainingSection(Section):
     client_weight_decay: float = key(
         0.0, "local weight decay: decoupled with adamw, L2 in the gradient with sgd"
     )
+    client_optimizer_state: str = key(
+        "reset",
+        "`keep`: a device's optimizer moments and step count carry over from task to "
+        "task (DiLoCo's inner optimizer; kept in `state-dir` too); `reset`: fresh each task",
+    )
+    client_warmup_steps: int = key(
+        0, "linear learning-rate warm-up over a device's first n steps (0: none)"
+    )
+    client_decay_steps: int = key(
+        0,
+        "cosine decay of the local learning rate to `client-lr-floor` of it by a device's "
+        "n-th step, warm-up included (0: no decay)",
+    )
+    client_lr_floor: float = key(0.1, "the fraction of the learning rate the decay ends at")
+    client_grad_clip: float = key(0.0, "clip each local gradient's norm to this (0: off)")
     proximal_mu: float = key(0.0, "FedProx proximal term mu on the client (0: off)")
     seed: int = key(
         0,
@@ -264,16 +285,50 @@ class TrainingSection(Section):
             _fail("client-weight-decay", "must be finite and >= 0", self.client_weight_decay)
         if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0.0):
             _fail("proximal-mu", "must be finite and >= 0", self.proximal_mu)
+        if self.client_optimizer_state not in OPTIMIZER_STATE_MODES:
+            _fail(
+                "client-optimizer-state",
+                f"must be one of {', '.join(OPTIMIZER_STATE_MODES)}",
+                self.client_optimizer_state,
+            )
+        try:
+            LearningRateSchedule(
+                self.client_warmup_steps, self.client_decay_steps, self.client_lr_floor
+            )
+        except ValueError as err:
+            raise SettingsError(
+                "run config 'client-warmup-steps' / 'client-decay-steps' / "
+                f"'client-lr-floor': {err}"
+            ) from err
+        if not (math.isfinite(self.client_grad_clip) and self.client_grad_clip >= 0.0):
+            _fail("client-grad-clip", "must be finite and >= 0 (0: off)", self.client_grad_clip)
 
     @property
     def optimizer_settings(self) -> dict[str, Any]:
         """The local optimizer as :func:`fedsync.models.training.train` takes it
-        (``optimizer``, ``betas``, ``weight_decay``): every task of a run trains alike."""
+        (``optimizer``, ``betas``, ``weight_decay``, ``schedule``, ``max_grad_norm``):
+        every task of a run trains alike."""
         return {
             "optimizer": self.client_optimizer,
             "betas": (self.client_beta1, self.client_beta2),
             "weight_decay": self.client_weight_decay,
+            "schedule": self.schedule,
+            "max_grad_norm": self.client_grad_clip or None,
         }
+
+    @property
+    def schedule(self) -> LearningRateSchedule | None:
+        """The local learning-rate schedule (``None``: a constant rate)."""
+        if not (self.client_warmup_steps or self.client_decay_steps):
+            return None
+        return LearningRateSchedule(
+            self.client_warmup_steps, self.client_decay_steps, self.client_lr_floor
+        )
+
+    @property
+    def keeps_optimizer_state(self) -> bool:
+        """Whether a device's optimizer moments carry over between tasks."""
+        return self.client_optimizer_state == "keep"
 
     @property
     def data_dir_or_none(self) -> str | None:

@@ -394,8 +394,18 @@ def _partitions(
 ) -> tuple[np.ndarray, ...]:
     # Keyed by the (cached, identity-hashed) splits object: every client of a process
     # shares one partitioning instead of recomputing it per partition id.
+    labels = splits.train.y
+    if labels.ndim == 2:
+        # Sequence targets (a language model's): there is no one label per sample to
+        # skew by, only positions; iid and natural splits need none.
+        if scheme not in ("iid", "natural"):
+            raise ValueError(
+                f"{splits.name}: partitioning {scheme!r} skews labels, but its samples "
+                "have a target per position; use 'iid' or 'natural'"
+            )
+        labels = np.zeros(len(labels), dtype=np.int64)
     parts = partition_indices(
-        splits.train.y,
+        labels,
         num_partitions,
         scheme,
         alpha=alpha,

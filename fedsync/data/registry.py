@@ -82,7 +82,7 @@ class DatasetInfo:
     Parameters
     ----------
     name : str
-        Registry name (also the sub-folder searched for its files).
+        Registry name (also the sub-folder searched for its files, unless ``folder``).
     build : callable
         ``build(files, **kwargs)`` returning the splits.
     default_model : str
@@ -106,6 +106,9 @@ class DatasetInfo:
         ``build`` is a user's loader named by import path, called as
         ``build(seed=..., data_dir=..., **options)``; such an entry has no files and no
         default model (``default_model`` is empty).
+    folder : str
+        The sub-folder its files are searched for and downloaded to, when another
+        entry's (a second task on the same files); empty: ``name``.
     """
 
     name: str
@@ -119,6 +122,12 @@ class DatasetInfo:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     training: LocalTraining = DEFAULT_TRAINING
     external: bool = False
+    folder: str = ""
+
+    @property
+    def files_folder(self) -> str:
+        """The sub-folder its files are searched for and downloaded to."""
+        return self.folder or self.name
 
 
 def _synthetic(name: str, label: str, **fixed: Any) -> DatasetInfo:
@@ -175,6 +184,20 @@ _REGISTRY: dict[str, DatasetInfo] = {
             description="Tiny Shakespeare next-character prediction, one client per role",
             files={"text": shakespeare.FILE_NAMES},
             remote=shakespeare.REMOTE_FILES,
+            training=LocalTraining(learning_rate=0.1, local_epochs=1, partitioning="natural"),
+        ),
+        # Language modelling: every position predicts the next character, windows of
+        # 128 that do not overlap (each character is a target once), as many as the
+        # text holds (about 7,900 train windows, 1.0M target characters).
+        DatasetInfo(
+            name="shakespeare-lm",
+            build=shakespeare.load_shakespeare,
+            default_model="char-gpt",
+            description="Tiny Shakespeare language modelling (every position), one client per role",
+            files={"text": shakespeare.FILE_NAMES},
+            remote=shakespeare.REMOTE_FILES,
+            defaults={"targets": "sequence", "seq_len": 128, "stride": 128, "max_windows": 1 << 20},
+            folder="shakespeare",
             training=LocalTraining(learning_rate=0.1, local_epochs=1, partitioning="natural"),
         ),
         # "synthetic" takes alpha/beta as options (default 1, 1); the variants fix them
@@ -244,12 +267,12 @@ def locate_dataset(
     if not info.files:
         return {}
     try:
-        return find_files(info.name, info.files, data_dir, info.system_dirs)
+        return find_files(info.files_folder, info.files, data_dir, info.system_dirs)
     except DatasetNotFoundError:
         if not download:
             raise
     download_dataset(info.name, data_dir)
-    return find_files(info.name, info.files, data_dir, info.system_dirs)
+    return find_files(info.files_folder, info.files, data_dir, info.system_dirs)
 
 
 def download_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -260,7 +283,8 @@ def download_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) 
     info = dataset_info(name)
     if info.external:
         raise DatasetError(f"dataset {info.name!r} has its own loader: fedsync downloads nothing")
-    target = Path(data_dir).expanduser() / info.name if data_dir else cache_dir(info.name)
+    folder = info.files_folder
+    target = Path(data_dir).expanduser() / folder if data_dir else cache_dir(folder)
     download_files(info.remote, target)
     return target
 

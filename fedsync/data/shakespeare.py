@@ -12,6 +12,10 @@ start every ``stride`` characters and at most ``max_windows`` are kept per speak
 spread evenly over the speaker's text. The first 90 % of each speaker's text gives
 train windows and the rest test windows; splitting the text rather than the windows
 keeps overlapping windows from leaking between train and test.
+
+With ``targets="sequence"`` (the ``shakespeare-lm`` dataset) a sample's target is the
+window shifted by one character, so a language model is trained and scored at every
+position (``y`` has shape ``(N, seq_len)``); its windows do not overlap by default.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ REMOTE_FILES = (
     ),
 )
 TEST_FRACTION = 0.1
+TARGETS = ("next", "sequence")
+"""What a window predicts: the character after it, or every position's next character."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ def load_shakespeare(
     stride: int = 10,
     max_windows: int = 1000,
     min_speeches: int = 10,
+    targets: str = "next",
 ) -> DatasetSplits:
     """Build next-character samples grouped by speaker.
 
@@ -102,17 +109,23 @@ def load_shakespeare(
     min_speeches : int
         Keep only speakers with at least this many speeches (10 keeps the ~145 roles
         that have enough text to train on).
+    targets : {"next", "sequence"}
+        ``"next"``: ``y`` is the id of the character after the window, ``(N,)``;
+        ``"sequence"``: the window shifted by one, ``(N, seq_len)``.
 
     Returns
     -------
     DatasetSplits
         ``x``: character ids ``(N, seq_len)`` (uint8 while the vocabulary fits);
-        ``y``: the next character's id; ``groups``: speaker id per train sample, with
+        ``y``: the target ids (see ``targets``); ``groups``: speaker id per train sample, with
         ``group_names`` the speakers, sorted; ``class_names``: the vocabulary.
     """
     for arg, value in (("seq_len", seq_len), ("stride", stride), ("max_windows", max_windows)):
         if value < 1:
             raise DatasetError(f"shakespeare: {arg} must be >= 1, got {value}")
+    if targets not in TARGETS:
+        raise DatasetError(f"shakespeare: targets must be one of {TARGETS}, got {targets!r}")
+    sequence = targets == "sequence"
     path = files["text"]
     try:
         text = path.read_text(encoding="utf-8")
@@ -143,12 +156,12 @@ def load_shakespeare(
             continue
         ids = lookup[np.frombuffer(" ".join(texts).encode("utf-32-le"), dtype=np.uint32)]
         cut = int(len(ids) * (1 - TEST_FRACTION))
-        train = _windows(ids[:cut], seq_len, stride, max_windows)
+        train = _windows(ids[:cut], seq_len, stride, max_windows, sequence)
         if len(train[1]) == 0:
             continue  # too little text for one window: no client can be made of it
         names.append(name)
         train_parts.append(train)
-        test_parts.append(_windows(ids[cut:], seq_len, stride, test_cap))
+        test_parts.append(_windows(ids[cut:], seq_len, stride, test_cap, sequence))
     if not names:
         raise DatasetError(
             f"shakespeare: no speaker has {min_speeches}+ speeches and {seq_len + 1}+ "
@@ -170,13 +183,18 @@ def load_shakespeare(
     )
 
 
-def _windows(ids: np.ndarray, seq_len: int, stride: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Windows of ``seq_len`` ids and the id after each, at most ``cap`` of them."""
+def _windows(
+    ids: np.ndarray, seq_len: int, stride: int, cap: int, sequence: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of ``seq_len`` ids and the id after each (or, with ``sequence``, the
+    window shifted by one), at most ``cap`` of them."""
     starts = np.arange(0, len(ids) - seq_len, stride)
     if len(starts) > cap:
         # Spread the kept windows over the whole text rather than keeping its start.
         starts = starts[np.unique(np.linspace(0, len(starts) - 1, cap).round().astype(np.int64))]
     x = ids[starts[:, None] + np.arange(seq_len)]
+    if sequence:
+        return x, ids[starts[:, None] + np.arange(1, seq_len + 1)]
     return x, ids[starts + seq_len]
 
 

@@ -54,15 +54,16 @@ class ArrayDataset:
     x : numpy.ndarray
         Inputs, first axis = samples: float32 images or features, or integer token ids.
     y : numpy.ndarray
-        Class labels, int64, shape ``(N,)``.
+        Class labels, int64: shape ``(N,)``, or ``(N, T)`` for a language model's
+        targets at every one of a sample's ``T`` positions.
     """
 
     x: np.ndarray
     y: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.y.ndim != 1:
-            raise DatasetError(f"labels must be 1-D, got shape {self.y.shape}")
+        if self.y.ndim not in (1, 2):
+            raise DatasetError(f"labels must be (N,) or (N, T), got shape {self.y.shape}")
         if self.y.dtype != np.int64:
             raise DatasetError(f"labels must be int64, got {self.y.dtype}")
         if self.x.shape[0] != self.y.shape[0]:

@@ -15,6 +15,7 @@ from torch import nn
 
 from fedsync.data.registry import dataset_info
 from fedsync.models.char_lstm import CharLSTM, small_char_lstm
+from fedsync.models.char_transformer import CharTransformer, char_gpt_5m
 from fedsync.models.cnn import LeNet5
 from fedsync.models.logreg import LogisticRegression
 from fedsync.models.mlp import MLP, wide_mlp
@@ -31,6 +32,8 @@ _REGISTRY: dict[str, ModelFactory] = {
     "cnn": LeNet5,
     "char-lstm": CharLSTM,
     "char-lstm-small": small_char_lstm,
+    "char-gpt": CharTransformer,
+    "char-gpt-5m": char_gpt_5m,
     "logreg": LogisticRegression,
 }
 
@@ -42,7 +45,8 @@ def model_names() -> tuple[str, ...]:
 
 def default_model_for(dataset: str) -> str:
     """The model ``"auto"`` means for a dataset (mlp for digits, cnn for the 28x28
-    image sets, char-lstm-small for shakespeare, logreg for synthetic).
+    image sets, char-lstm-small for shakespeare, char-gpt for shakespeare-lm, logreg
+    for synthetic).
 
     Raises
     ------

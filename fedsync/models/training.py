@@ -8,7 +8,9 @@ copies. Thread counts are the caller's business (``torch.set_num_threads``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final, TypedDict
 
 import numpy as np
@@ -20,6 +22,9 @@ from fedsync.data.types import ArrayDataset
 
 CLIENT_OPTIMIZERS: Final = ("sgd", "adamw")
 """Local optimizers :func:`train` can use (the ``client-optimizer`` run-config values)."""
+OPTIMIZER_STATE_MODES: Final = ("reset", "keep")
+"""Whether a device's optimizer state carries over between tasks (``client-optimizer-state``):
+a fresh optimizer per task, or an :class:`InnerOptimizer` kept on the device."""
 
 GlobalParams = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 """The reference point of the proximal term: tensors in ``model.parameters()`` order,
@@ -35,6 +40,117 @@ class TrainResult(TypedDict):
     """Size of the local training set (the FedAvg weight)."""
     steps: int
     """Optimizer steps taken."""
+
+
+@dataclass
+class InnerOptimizer:
+    """What a device's local optimizer carries from one task to the next.
+
+    DiLoCo and its successors keep each worker's inner AdamW (moments and step count)
+    across outer rounds; a fresh optimizer per task restarts AdamW's bias correction
+    and forgets the moments every H steps. :func:`train` starts from :attr:`state` when
+    it is set, and writes the optimizer's state and the steps it took back.
+
+    Attributes
+    ----------
+    state : dict or None
+        The optimizer's per-parameter state (``optimizer.state_dict()["state"]``:
+        parameter index -> ``{"step", "exp_avg", "exp_avg_sq"}`` for AdamW,
+        ``{"momentum_buffer"}`` for SGD), or ``None`` for a fresh optimizer.
+    steps : int
+        Optimizer steps this device has taken in the run: where the learning-rate
+        schedule stands (counted even when the moments are not kept).
+    """
+
+    state: dict[int, dict[str, torch.Tensor]] | None = None
+    steps: int = 0
+
+    def load_into(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Start ``optimizer`` (your own training loop's) from :attr:`state`.
+
+        Returns whether there was a state to load. Raises ``ValueError`` when it does
+        not fit the optimizer's parameters (another model).
+        """
+        if self.state is None:
+            return False
+        self.check_fits([p for group in optimizer.param_groups for p in group["params"]])
+        saved = optimizer.state_dict()
+        saved["state"] = self.state
+        optimizer.load_state_dict(saved)  # casts to each parameter's device and dtype
+        return True
+
+    def save_from(self, optimizer: torch.optim.Optimizer, steps: int) -> None:
+        """Keep ``optimizer``'s state after it took ``steps`` more steps."""
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        self.state = {
+            int(index): {name: _detached(value) for name, value in entries.items()}
+            for index, entries in optimizer.state_dict()["state"].items()
+        }
+        self.steps += steps
+
+    def check_fits(self, params: Sequence[torch.Tensor]) -> None:
+        """Raise ``ValueError`` unless :attr:`state` holds tensors of ``params``' shapes."""
+        if self.state is None:
+            return
+        unknown = sorted(set(self.state) - set(range(len(params))))
+        if unknown:
+            raise ValueError(
+                f"inner optimizer state names parameters {unknown[:5]}; the model has {len(params)}"
+            )
+        for index, entries in self.state.items():
+            for name, value in entries.items():
+                if value.dim() > 0 and tuple(value.shape) != tuple(params[index].shape):
+                    raise ValueError(
+                        f"inner optimizer state {index}/{name} has shape "
+                        f"{tuple(value.shape)}, parameter {index} {tuple(params[index].shape)}"
+                    )
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    """Linear warm-up, then a cosine decay to ``floor`` times the learning rate.
+
+    The position is the device's own step count (:attr:`InnerOptimizer.steps`), so the
+    schedule runs across tasks; without warm-up and decay the rate is constant.
+
+    Parameters
+    ----------
+    warmup_steps : int
+        Steps over which the rate rises linearly from ``lr / warmup_steps`` to ``lr``.
+    decay_steps : int
+        Steps (counted from the start, warm-up included) over which it then follows a
+        half cosine down to ``floor * lr``, and stays there (0: no decay).
+    floor : float
+        The final fraction of the rate, in ``[0, 1]``.
+    """
+
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    floor: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(
+                f"schedule steps must be >= 0, got warm-up {self.warmup_steps}, decay "
+                f"{self.decay_steps}"
+            )
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"the decay ({self.decay_steps} steps) must end after the warm-up "
+                f"({self.warmup_steps} steps)"
+            )
+        if not 0.0 <= self.floor <= 1.0:
+            raise ValueError(f"schedule floor must be in [0, 1], got {self.floor}")
+
+    def factor(self, step: int) -> float:
+        """The multiple of the learning rate at ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if not self.decay_steps:
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class EvalResult(TypedDict):
@@ -76,6 +192,8 @@ def train(
     max_grad_norm: float | None = None,
     optimizer: str = "sgd",
     betas: tuple[float, float] = (0.9, 0.999),
+    inner: InnerOptimizer | None = None,
+    schedule: LearningRateSchedule | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD or AdamW on cross-entropy.
 
@@ -106,10 +224,15 @@ def train(
     max_grad_norm : float, optional
         Clip the gradient norm (useful for the LSTM).
     optimizer : {"sgd", "adamw"}
-        The local optimizer, built fresh for the call (a task starts from fresh
-        optimizer state).
+        The local optimizer, built for the call: fresh, or from ``inner``'s state.
     betas : tuple of float
         AdamW's moment decay rates.
+    inner : InnerOptimizer, optional
+        The device's optimizer memory: the optimizer starts from its ``state`` (when
+        set) and the schedule from its ``steps``; on return both are updated (the
+        state stays on ``device``). ``None``: a fresh optimizer, the schedule at step 0.
+    schedule : LearningRateSchedule, optional
+        Warm-up and cosine decay of ``lr`` over the device's steps (``None``: constant).
 
     Returns
     -------
@@ -133,6 +256,9 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = _anchor(model, params, global_params) if proximal_mu > 0 else []
     step_rule = _optimizer(optimizer, params, lr, momentum, weight_decay, betas)
+    if inner is not None:
+        inner.load_into(step_rule)
+    first_step = inner.steps if inner is not None else 0
     generator = torch.Generator().manual_seed(seed)
 
     loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
@@ -142,13 +268,16 @@ def train(
         for start in range(0, n, batch_size):
             batch = order[start : start + batch_size]
             step_rule.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[batch]), y[batch])
+            loss = _cross_entropy(model(x[batch]), y[batch])
             if anchor:
                 (loss + _proximal(params, anchor, proximal_mu)).backward()
             else:
                 loss.backward()
             if max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if schedule is not None:
+                for group in step_rule.param_groups:
+                    group["lr"] = lr * schedule.factor(first_step + steps)
             step_rule.step()
             loss_sum += loss.detach() * len(batch)
             seen += len(batch)
@@ -157,7 +286,15 @@ def train(
                 break
         if max_steps is not None and steps >= max_steps:
             break
+    if inner is not None:
+        inner.save_from(step_rule, steps)
     return TrainResult(train_loss=float(loss_sum) / seen, num_examples=n, steps=steps)
+
+
+def _detached(value: object) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    return torch.tensor(value)  # a plain number (an optimizer's float step)
 
 
 @torch.no_grad()
@@ -168,7 +305,8 @@ def evaluate(
     batch_size: int = 256,
     device: torch.device | str = "cpu",
 ) -> EvalResult:
-    """Mean cross-entropy and accuracy of ``model`` on ``dataset``.
+    """Mean cross-entropy and accuracy of ``model`` on ``dataset``, per target: per
+    sample, or per position for sequence targets (``y`` of shape ``(N, T)``).
 
     The model is moved to ``device``; its train/eval mode is restored afterwards. An
     empty dataset gives zeros and ``num_examples = 0`` (so it weighs nothing in a
@@ -188,11 +326,24 @@ def evaluate(
         for start in range(0, n, batch_size):
             logits = model(x[start : start + batch_size])
             target = y[start : start + batch_size]
-            loss_sum += F.cross_entropy(logits, target, reduction="sum")
-            correct += (logits.argmax(dim=1) == target).sum()
+            loss_sum += _cross_entropy(logits, target, reduction="sum")
+            correct += (logits.argmax(dim=-1) == target).sum()
     finally:
         model.train(was_training)
-    return EvalResult(loss=float(loss_sum) / n, accuracy=int(correct) / n, num_examples=n)
+    targets = y.numel()  # one per sample, or one per position of a sequence
+    return EvalResult(
+        loss=float(loss_sum) / targets, accuracy=int(correct) / targets, num_examples=n
+    )
+
+
+def _cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy of ``(batch, classes)`` logits, or of ``(batch, length, classes)``
+    logits against a target per position (a language model), over every target."""
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction=reduction)
+    return F.cross_entropy(logits, target, reduction=reduction)
 
 
 def _optimizer(

@@ -61,7 +61,7 @@ def test_unknown_dataset_and_model_names_fail_before_flower() -> None:
     assert result.exit_code == 2
     assert "unknown dataset 'mnsit'; valid names: digits, fashion-mnist, mnist" in result.output
     result = runner.invoke(app, ["run", "-c", "model='resnet'"])
-    assert result.exit_code == 2 and "'model' must be one of char-lstm" in result.output
+    assert result.exit_code == 2 and "'model' must be one of char-gpt" in result.output
 
 
 @pytest.mark.parametrize("command", ["run", "compare"])

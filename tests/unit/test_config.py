@@ -96,7 +96,7 @@ def test_a_value_the_user_sets_wins_over_the_datasets_default() -> None:
     ("values", "message"),
     [
         ({"dataset": "mnsit"}, "unknown dataset 'mnsit'; valid names: digits, fashion-mnist"),
-        ({"model": "resnet"}, "'model' must be one of char-lstm, .* or 'auto', got 'resnet'"),
+        ({"model": "resnet"}, "'model' must be one of char-gpt, .* or 'auto', got 'resnet'"),
         ({"partitioning": "random"}, "'partitioning' must be one of dirichlet, iid"),
         ({"learning-rate": -0.1}, "'learning-rate' must be finite and > 0"),
     ],

@@ -33,6 +33,8 @@ MODELS = {  # name -> (input shape, classes): every bundled model
     "cnn": ((1, 28, 28), 10),
     "char-lstm": ((80,), 64),
     "char-lstm-small": ((80,), 64),
+    "char-gpt": ((32,), 65),
+    "char-gpt-5m": ((32,), 65),
     "logreg": ((60,), 10),
 }
 

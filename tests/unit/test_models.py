@@ -53,7 +53,16 @@ def test_char_lstm_accepts_uint8_ids() -> None:
 
 
 def test_default_models() -> None:
-    assert model_names() == ("char-lstm", "char-lstm-small", "cnn", "logreg", "mlp", "mlp-wide")
+    assert model_names() == (
+        "char-gpt",
+        "char-gpt-5m",
+        "char-lstm",
+        "char-lstm-small",
+        "cnn",
+        "logreg",
+        "mlp",
+        "mlp-wide",
+    )
     assert default_model_for("digits") == "mlp"
     assert default_model_for("mnist") == default_model_for("fashion-mnist") == "cnn"
     assert default_model_for("shakespeare") == "char-lstm-small"
@@ -70,7 +79,9 @@ def test_wide_mlp_weighs_over_a_megabyte_dense() -> None:
 
 def test_bad_names() -> None:
     with pytest.raises(
-        ValueError, match="valid: char-lstm, char-lstm-small, cnn, logreg, mlp, mlp-wide"
+        ValueError,
+        match="valid: char-gpt, char-gpt-5m, char-lstm, char-lstm-small, cnn, logreg, mlp, "
+        "mlp-wide",
     ):
         build_model("resnet-9000", 10, (64,))
     with pytest.raises(ValueError, match="needs the dataset"):

@@ -1,0 +1,134 @@
+"""A device's inner optimizer, kept from task to task (DiLoCo's workers keep theirs).
+
+:class:`fedsync.models.training.InnerOptimizer` holds the local optimizer's moments and
+the device's step count (where its learning-rate schedule stands). Between tasks it
+lives in Flower's ``context.state`` (record :data:`INNER_OPTIMIZER`); with node config
+``state-dir`` it is also written to ``<state-dir>/optim-<job>-p<partition>.npz`` after
+every task (crash-safe, :mod:`fedsync.persist`) and read back by a restarted node,
+like the codec's error-feedback residual (:mod:`fedsync.clients.state_store`). A state
+of another job or partition, or one that does not fit the model, is ignored with a
+warning: the device then starts a fresh optimizer, never a wrong one.
+
+In ``reset`` mode (``client-optimizer-state``) only the step count is kept, so a
+schedule still runs across tasks while every task starts fresh moments.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from logging import WARNING
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context
+from flwr.common.logger import log
+
+from fedsync.clients.state_store import STATE_DIR
+from fedsync.models.training import InnerOptimizer
+from fedsync.persist import PersistError, parse_arrays, save_arrays
+
+__all__ = ["INNER_OPTIMIZER", "keep_inner_optimizer", "restore_inner_optimizer"]
+
+INNER_OPTIMIZER: Final = "fedsync-inner-optimizer"
+"""``context.state`` record: the device's inner optimizer (moments and step count)."""
+FORMAT: Final = 1
+"""Version of the file's layout (its header says which it is)."""
+
+_STEPS = "steps"
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def restore_inner_optimizer(
+    context: Context, *, job: str = "", partition_id: int = 0, keep_moments: bool = True
+) -> InnerOptimizer:
+    """This device's inner optimizer: from ``context.state``, else from ``state-dir``
+    (a restarted node), else a fresh one.
+
+    Parameters
+    ----------
+    context : flwr.app.Context
+        The ClientApp's context.
+    job : str
+        The training job (a task's ``fedsync-job``); empty: not kept on disk.
+    partition_id : int
+        The node's partition (part of the file name).
+    keep_moments : bool
+        ``False`` (``client-optimizer-state = "reset"``): only the step count.
+    """
+    record = context.state.array_records.get(INNER_OPTIMIZER)
+    arrays: Mapping[str, np.ndarray] | None = None
+    if record is not None:
+        arrays = {name: array.numpy() for name, array in record.items()}
+    else:
+        path = _path(context.node_config, job, partition_id)
+        if path is not None:
+            arrays = _read(path, job, partition_id)
+    if arrays is None:
+        return InnerOptimizer()
+    return _from_arrays(arrays, keep_moments)
+
+
+def keep_inner_optimizer(
+    inner: InnerOptimizer, context: Context, *, job: str = "", partition_id: int = 0
+) -> None:
+    """Keep ``inner`` in ``context.state`` and, with node config ``state-dir`` and a
+    ``job``, on disk."""
+    arrays = _to_arrays(inner)
+    context.state.array_records[INNER_OPTIMIZER] = ArrayRecord(
+        {name: Array(array) for name, array in arrays.items()}
+    )
+    path = _path(context.node_config, job, partition_id)
+    if path is not None:
+        meta = {"format": FORMAT, "job": job, "partition": partition_id, "steps": inner.steps}
+        save_arrays(path, arrays, meta)
+
+
+def _to_arrays(inner: InnerOptimizer) -> dict[str, np.ndarray]:
+    arrays = {_STEPS: np.asarray([inner.steps], dtype=np.int64)}
+    for index, entries in (inner.state or {}).items():
+        for name, value in entries.items():
+            arrays[f"{index}/{name}"] = value.detach().to("cpu").numpy().copy()
+    return arrays
+
+
+def _from_arrays(arrays: Mapping[str, np.ndarray], keep_moments: bool) -> InnerOptimizer:
+    steps = int(np.asarray(arrays.get(_STEPS, [0])).reshape(-1)[0])
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, array in arrays.items():
+        if key == _STEPS:
+            continue
+        index, _, name = key.partition("/")
+        state.setdefault(int(index), {})[name] = torch.from_numpy(np.array(array))
+    return InnerOptimizer(state if keep_moments and state else None, steps)
+
+
+def _path(node_config: Mapping[str, Any], job: str, partition_id: int) -> Path | None:
+    folder = str(node_config.get(STATE_DIR, "") or "")
+    if not folder or not job:
+        return None
+    return Path(folder).expanduser() / f"optim-{_SAFE.sub('_', job)[:80]}-p{partition_id}.npz"
+
+
+def _read(path: Path, job: str, partition_id: int) -> dict[str, np.ndarray] | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        arrays, meta = parse_arrays(raw, source=str(path))
+        if meta.get("format") != FORMAT:
+            raise PersistError(f"format {meta.get('format')!r}, this node reads {FORMAT}")
+        if meta.get("job") != job or meta.get("partition") != partition_id:
+            raise PersistError(
+                f"belongs to job {meta.get('job')!r} partition {meta.get('partition')!r}"
+            )
+        for key in arrays:
+            if key != _STEPS and not re.fullmatch(r"\d+/\w+", key):
+                raise PersistError(f"unexpected entry {key!r}")
+    except (PersistError, ValueError) as err:
+        log(WARNING, "[fedsync] ignoring persisted inner optimizer %s: %s", path, err)
+        return None
+    return arrays

@@ -1,0 +1,89 @@
+"""The character transformer and Tiny Shakespeare as language modelling (every position)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedsync.config import RunConfig
+from fedsync.data import load_dataset
+from fedsync.models import build_model, default_model_for, evaluate, train
+from fedsync.models.char_transformer import CharTransformer
+from fedsync.task import client_data
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def test_sizes_of_the_two_registered_transformers() -> None:
+    small = build_model("char-gpt", 65, (128,))
+    large = build_model("char-gpt-5m", 65, (128,))
+    assert sum(p.numel() for p in small.parameters()) == 818_048  # about 0.8M
+    assert sum(p.numel() for p in large.parameters()) == 4_788_480  # about 4.8M
+    assert default_model_for("shakespeare-lm") == "char-gpt"
+
+
+def test_logits_at_a_position_see_only_the_tokens_before_it() -> None:
+    model = CharTransformer((16,), 20, width=32, layers=2, heads=4).eval()
+    ids = torch.randint(0, 20, (2, 16))
+    changed = ids.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 20
+    with torch.no_grad():
+        before, after = model(ids), model(changed)
+    assert before.shape == (2, 16, 20)
+    torch.testing.assert_close(before[:, :9], after[:, :9])
+    assert not torch.allclose(before[:, 9:], after[:, 9:])
+
+
+def test_bad_sizes_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="multiple of heads"):
+        CharTransformer((16,), 20, width=30, heads=4)
+    with pytest.raises(ValueError, match="context"):
+        CharTransformer((8,), 20, width=32)(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="dropout"):
+        CharTransformer((8,), 20, dropout=1.0)
+
+
+def test_the_same_seed_gives_the_same_weights() -> None:
+    one = build_model("char-gpt", 65, (32,), seed=3).state_dict()
+    two = build_model("char-gpt", 65, (32,), seed=3).state_dict()
+    assert all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_every_position_has_the_next_character_as_its_target() -> None:
+    splits = load_dataset("shakespeare-lm", DATA)
+    x, y = splits.train.x, splits.train.y
+    assert x.shape[1:] == (128,) and y.shape == x.shape
+    assert np.array_equal(y[:, :-1], x[:, 1:])  # the window shifted by one
+    # Windows do not overlap: each character is a target once (within a speaker).
+    assert splits.num_groups == 145 and len(splits.test) > 0
+    assert splits.class_names == load_dataset("shakespeare", DATA).class_names
+
+
+def test_sites_split_by_speaker_or_iid_but_not_by_label_skew() -> None:
+    base = {"dataset": "shakespeare-lm", "data-dir": str(DATA), "model": "char-gpt"}
+    natural = RunConfig.from_run_config(base).training
+    assert natural.partitioning == "natural"
+    parts = [client_data(natural, p, 4) for p in range(4)]
+    assert sum(len(t) + len(v) for t, v in parts) == len(load_dataset("shakespeare-lm", DATA).train)
+    iid = RunConfig.from_run_config({**base, "partitioning": "iid"}).training
+    assert len(client_data(iid, 0, 4)[0]) > 0
+    skewed = RunConfig.from_run_config({**base, "partitioning": "dirichlet"}).training
+    with pytest.raises(ValueError, match="target per position"):
+        client_data(skewed, 0, 4)
+
+
+def test_training_lowers_the_per_token_loss_and_evaluation_counts_tokens() -> None:
+    splits = load_dataset("shakespeare-lm", DATA)
+    model = CharTransformer((128,), splits.num_classes, width=32, layers=1, heads=2, dropout=0.0)
+    train_set = splits.train.subset(np.arange(64))
+    before = evaluate(model, train_set)
+    assert before["num_examples"] == 64
+    assert before["loss"] == pytest.approx(np.log(splits.num_classes), rel=0.05)
+    train(model, train_set, epochs=6, batch_size=16, lr=0.01, optimizer="adamw", seed=0)
+    after = evaluate(model, train_set)
+    assert after["loss"] < before["loss"] - 0.5
+    # Accuracy is over the 64 x 128 targets, so it moves in steps of 1 / 8192.
+    assert (after["accuracy"] * 64 * 128) == pytest.approx(round(after["accuracy"] * 64 * 128))
