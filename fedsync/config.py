@@ -28,6 +28,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 
+from fedsync.aggregation.buffer import NORMALIZATIONS
 from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.server_optimizer import build_server_optimizer
 from fedsync.aggregation.shared_downlink import grid_of
@@ -374,6 +375,12 @@ class AsyncSection(Section):
     )
     max_staleness: int = key(-1, "drop updates staler than this many aggregations (-1: no limit)")
     fedasync_alpha: float = key(0.6, "FedAsync mixing alpha in (0, 1]")
+    buffer_mean: str = key(
+        "auto",
+        "how K updates become one: auto (the strategy's) / count (sum over K, FedBuff, "
+        "DiLoCo) / weight (over the summed weights, TEASQ-Fed) / selected (each coordinate "
+        "over the weights of the updates that sent it, SparseLoCo)",
+    )
     server_optimizer: str = key(
         "sgd", "sgd / momentum (FedAvgM) / nesterov (DiLoCo's outer step) / adam (FedAdam)"
     )
@@ -404,6 +411,12 @@ class AsyncSection(Section):
             _fail("max-staleness", "must be >= 0, or -1 for no limit", self.max_staleness)
         if not 0.0 < self.fedasync_alpha <= 1.0:
             _fail("fedasync-alpha", "must be in (0, 1]", self.fedasync_alpha)
+        if self.buffer_mean not in ("auto", *NORMALIZATIONS):
+            _fail(
+                "buffer-mean",
+                f"must be auto or one of {', '.join(NORMALIZATIONS)}",
+                self.buffer_mean,
+            )
         try:
             parse_staleness(self.staleness)
             build_server_optimizer(

@@ -358,7 +358,7 @@ class AggregationEngine:
         self.buffer = UpdateBuffer(
             self.specs,
             capacity=self.strategy.buffer_size,
-            normalization=self.strategy.normalization,
+            normalization=self.strategy.mean,
             device=self.device,
         )
         # --- bookkeeping ---

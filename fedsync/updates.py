@@ -128,7 +128,7 @@ class QuantizedValues:
     ----------
     scheme : str
         The quantizer that produced the codes (``"fp32"``, ``"fp16"``, ``"bf16"``,
-        ``"uniform"``, ``"qsgd"``, ``"sign"``, ``"ternary"``).
+        ``"uniform"``, ``"qsgd"``, ``"sign"``, ``"ternary"``, ``"binmean"``).
     bits : int
         Width of one code on the wire, 1 to 32.
     codes : numpy.ndarray or torch.Tensor

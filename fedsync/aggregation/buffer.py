@@ -27,6 +27,12 @@ Both kinds add ``acc + value * weight`` with the same kernel in the same arrival
 order, so the aggregate has the same bits whichever kind held each tensor
 (``tests/unit/test_buffer.py`` checks it).
 
+With ``normalization = "selected"`` (SparseLoCo's aggregation) each coordinate is
+divided by the summed weights of the updates that *sent* it, not by ``K``: a dense
+float32 tally per tensor counts them (a sparse update adds its weight at its
+positions, a dense or low-rank one everywhere), so a coordinate only one of ``K``
+sites selected moves by that site's value, not by a ``K``-th of it.
+
 Exactly ``K``: :meth:`UpdateBuffer.add` refuses a ``K+1``-th update until
 :meth:`UpdateBuffer.take` has emptied the cache. (An async strategy that appends
 first and checks ``len >= K`` later aggregates ``K+1`` updates whenever two replies
@@ -48,6 +54,7 @@ from fedsync.updates import LowRankTensor, SparseTensor, TensorSpec, accumulate_
 
 __all__ = [
     "DENSE_ABOVE",
+    "NORMALIZATIONS",
     "Accumulator",
     "BufferFull",
     "BufferNotReady",
@@ -55,7 +62,9 @@ __all__ = [
     "UpdateBuffer",
 ]
 
-Normalization = Literal["count", "weight"]
+Normalization = Literal["count", "weight", "selected"]
+NORMALIZATIONS: tuple[Normalization, ...] = ("count", "weight", "selected")
+"""How :meth:`UpdateBuffer.take` turns the weighted sums into a mean (see the class)."""
 Accumulator = Literal["auto", "sparse", "dense"]
 """How the buffer sums a tensor: by union density (``auto``), or always one kind."""
 
@@ -110,10 +119,12 @@ class UpdateBuffer:
         The model's tensors; an accumulator of each shape is allocated once.
     capacity : int
         ``K``, the number of updates per aggregation, ``>= 1`` (``1``: FedAsync).
-    normalization : {"count", "weight"}
+    normalization : {"count", "weight", "selected"}
         How :meth:`take` turns the weighted sum into a mean: divide by ``K``
-        (``"count"``, FedBuff: staleness weights shrink the step) or by the sum of the
-        weights (``"weight"``, TEASQ-Fed: a convex combination, weights only re-balance).
+        (``"count"``, FedBuff: staleness weights shrink the step), by the sum of the
+        weights (``"weight"``, TEASQ-Fed: a convex combination, weights only
+        re-balance), or each coordinate by the sum of the weights of the updates that
+        sent it (``"selected"``, SparseLoCo's mean over the replicas that selected it).
     device : str or torch.device
         Where the accumulators live (``"cpu"``, ``"cuda"``).
     accumulator : {"auto", "sparse", "dense"}
@@ -136,8 +147,10 @@ class UpdateBuffer:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"buffer capacity K must be >= 1, got {capacity}")
-        if normalization not in ("count", "weight"):
-            raise ValueError(f"normalization must be 'count' or 'weight', got {normalization!r}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {normalization!r}"
+            )
         if not specs:
             raise ValueError("buffer needs at least one tensor spec")
         if accumulator not in ("auto", "sparse", "dense"):
@@ -166,6 +179,8 @@ class UpdateBuffer:
         """Which kind held each tensor at the last :meth:`take` (``"sparse"`` or
         ``"dense"``): what the union densities made ``"auto"`` choose."""
         self._lowrank: dict[str, list[tuple[float, LowRankTensor]]] = {}
+        # "selected": per tensor, the summed weight of the updates that sent each slot.
+        self._senders: dict[str, torch.Tensor] = {}
         self._count = 0
         self._weight_sum = 0.0
 
@@ -244,6 +259,8 @@ class UpdateBuffer:
             # Indices are validated sorted and unique: the scatter-add is then an exact,
             # deterministic per-coordinate sum (Triton on CUDA, index_add_ elsewhere,
             # bit-identical; see fedsync.kernels.triton.scatter).
+            if self.normalization == "selected":
+                scatter_add_(self._tally(name), indices, torch.ones_like(values), weight)
             if name in self._sums:
                 scatter_add_(self._sums[name], indices, values, weight)
                 continue
@@ -261,6 +278,9 @@ class UpdateBuffer:
         for name, array in dense.items():
             flat = array.reshape(-1).to(self.device, dtype=torch.float32)
             self._densify(name).add_(flat, alpha=weight)
+        if self.normalization == "selected":
+            for name in (*dense, *lowrank):  # every slot sent
+                self._tally(name).add_(weight)
         for name, factors in lowrank.items():
             # Kept as factors (r * (m + n) floats); take() adds them all with one product.
             moved = LowRankTensor(
@@ -287,7 +307,9 @@ class UpdateBuffer:
             )
         for name, terms in self._lowrank.items():
             accumulate_lowrank(self._densify(name), terms)
-        if self.normalization == "count":
+        if self.normalization == "selected":
+            scale = 1.0  # each slot is divided by its senders' weight below
+        elif self.normalization == "count":
             scale = 1.0 / self._count
         else:
             # All weights zero (every update infinitely stale): move nowhere.
@@ -304,6 +326,12 @@ class UpdateBuffer:
                     union, sums = self._sparse[name].fold()
                     flat[union] = sums * scale
                 self.last_kinds[name] = "sparse"
+            if self.normalization == "selected":
+                senders = self._senders.get(name)
+                if senders is None:  # no update sent this tensor
+                    flat = torch.zeros_like(flat)
+                else:  # slots no one sent (or only updates of weight 0) stay 0
+                    flat = torch.where(senders > 0, flat / senders.clamp_min(1e-30), 0.0)
             update[name] = flat.reshape(spec.shape)
         result = BufferedAggregate(update=update, count=self._count, weight_sum=self._weight_sum)
         self.clear()
@@ -318,6 +346,7 @@ class UpdateBuffer:
             self._sums.clear()  # every tensor starts sparse again
         self._sparse.clear()
         self._lowrank.clear()
+        self._senders.clear()
         self._count = 0
         self._weight_sum = 0.0
 
@@ -328,6 +357,14 @@ class UpdateBuffer:
             return 1.0
         held = self._sparse.get(name)
         return held.count / self.specs[name].numel if held is not None else 0.0
+
+    def _tally(self, name: str) -> torch.Tensor:
+        """The ``"selected"`` tally of tensor ``name``: summed weight of its senders."""
+        tally = self._senders.get(name)
+        if tally is None:
+            tally = torch.zeros(self.specs[name].numel, dtype=torch.float32, device=self.device)
+            self._senders[name] = tally
+        return tally
 
     def _densify(self, name: str) -> torch.Tensor:
         """The dense sum of tensor ``name``, made from its sparse sums if needed."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -64,9 +64,10 @@ class Strategy:
     ----------------
     name : str
         The ``strategy`` run-config value.
-    normalization : {"count", "weight"}
+    normalization : {"count", "weight", "selected"}
         How the buffer turns its weighted sum into a mean (see
-        :class:`~fedsync.aggregation.buffer.UpdateBuffer`).
+        :class:`~fedsync.aggregation.buffer.UpdateBuffer`), unless run-config
+        ``buffer-mean`` names another (:attr:`mean` is the one in use).
     decaying_compression : bool
         Follow the compression schedule's decay (TEASQ-Fed); otherwise its start values.
     needs_start_model : bool
@@ -87,6 +88,12 @@ class Strategy:
     def __init__(self, settings: AsyncSection) -> None:
         self.concurrency = settings.concurrency
         self.buffer_size = self.cached_updates(settings)
+        self.mean: Normalization = (
+            self.normalization
+            if settings.buffer_mean == "auto"
+            else cast(Normalization, settings.buffer_mean)
+        )
+        """How this run's buffer turns its weighted sum into a mean."""
         self.staleness: StalenessFunction = parse_staleness(settings.staleness)
         self.max_staleness: int | None = (
             None if settings.max_staleness < 0 else settings.max_staleness
@@ -141,7 +148,7 @@ class Strategy:
             "buffer_size": self.buffer_size,
             "staleness": self.staleness.spec(),
             "max_staleness": self.max_staleness,
-            "normalization": self.normalization,
+            "normalization": self.mean,
             "decaying_compression": self.decaying_compression,
             "synchronous": self.synchronous,
         }

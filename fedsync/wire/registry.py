@@ -46,6 +46,7 @@ SCHEME_CODES: Mapping[str, int] = MappingProxyType(
         "qsgd": 5,
         "sign": 6,
         "ternary": 7,
+        "binmean": 8,
     }
 )
 SCHEME_NAMES = _inverse(SCHEME_CODES)

@@ -47,6 +47,7 @@ SPARSIFIERS = [
     "sidco:{d},dist=gpd",
     "sidco:{d},dist=gamma-gpd",
     "mask:{d},seed=3",
+    "chunktopk:4,block=8",
 ]
 QUANTIZERS = [
     "fp32",
@@ -58,6 +59,8 @@ QUANTIZERS = [
     "qsgd:2,chunk=3",
     "sign",
     "ternary",
+    "binmean:2",
+    "binmean:8,range=3",
 ]
 SHAPES = [(), (0,), (0, 3), (1,), (7,), (3, 4), (2, 3, 4), (1, 100_000), (300, 70)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]

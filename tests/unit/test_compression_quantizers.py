@@ -26,6 +26,9 @@ QUANTIZERS = [
     "qsgd:1000,chunk=2048",
     "sign",
     "ternary",
+    "binmean:2",
+    "binmean:1",
+    "binmean:8,range=3",
 ]
 
 

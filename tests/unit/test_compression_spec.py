@@ -171,7 +171,7 @@ def test_registry_is_keyed_by_kind_and_name() -> None:
     assert REGISTRY.lookup("none", "sparsifier") is DenseConfig
     assert REGISTRY.lookup("none", "quantizer") is REGISTRY.lookup("fp32", "quantizer")
     assert REGISTRY.find("topk", "quantizer") is None
-    with pytest.raises(SpecError, match="valid: bf16, fp16"):
+    with pytest.raises(SpecError, match="valid: bf16, binmean, fp16"):
         REGISTRY.lookup("int8", "quantizer")
     with pytest.raises(ValueError, match="already registered"):
         REGISTRY.add(type("Clash", (TopKConfig,), {"name": "randomk"}))

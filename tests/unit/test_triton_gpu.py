@@ -50,7 +50,8 @@ from fedsync.kernels import dispatch
 import fedsync.kernels.triton as kt
 assert kt.install()
 specs = ["topk:0.01+uniform:8", "dgc:0.001+uniform:4", "sidco:0.01+fp16",
-         "topk:0.05+qsgd:16", "topk:0.05+ternary", "topk:0.05+sign", "dgc:0.01+uniform:8+ef"]
+         "topk:0.05+qsgd:16", "topk:0.05+ternary", "topk:0.05+sign", "dgc:0.01+uniform:8+ef",
+         "chunktopk:128+binmean:2+demo:0.95"]
 g = torch.Generator().manual_seed(0)
 update = {"w": torch.randn(2000, 1000, generator=g), "b": torch.randn(1000, generator=g)}
 bad = []

@@ -1,5 +1,6 @@
 """Quantizers: how kept values become fixed-width codes (one module per method)."""
 
+from fedsync.compression.quantizers.binmean import BinMean, BinMeanConfig
 from fedsync.compression.quantizers.floats import (
     BF16,
     FP16,
@@ -19,6 +20,8 @@ __all__ = [
     "FP32",
     "QSGD",
     "Bf16Config",
+    "BinMean",
+    "BinMeanConfig",
     "Fp16Config",
     "Fp32Config",
     "QSGDConfig",

@@ -1,5 +1,6 @@
 """Sparsifiers: which entries of a tensor travel (one module per method)."""
 
+from fedsync.compression.sparsifiers.chunked import ChunkTopK, ChunkTopKConfig
 from fedsync.compression.sparsifiers.dct import DCTConfig, DCTTopK
 from fedsync.compression.sparsifiers.dense import Dense, DenseConfig
 from fedsync.compression.sparsifiers.dgc import DGC, DGCConfig
@@ -11,6 +12,8 @@ from fedsync.compression.sparsifiers.topk import TopK, TopKConfig
 
 __all__ = [
     "DGC",
+    "ChunkTopK",
+    "ChunkTopKConfig",
     "DCTConfig",
     "DCTTopK",
     "DGCConfig",
