@@ -86,6 +86,10 @@ def key(default: ConfigValue, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+COLLECTIVES = ("none", "allreduce", "allgather")
+"""How a synchronous run's bytes are counted (run-config ``collective``)."""
+
+
 def _fail(key_name: str, why: str, value: object) -> None:
     raise SettingsError(f"run config '{key_name}' {why}, got {value!r}")
 
@@ -381,6 +385,13 @@ class AsyncSection(Section):
         "DiLoCo) / weight (over the summed weights, TEASQ-Fed) / selected (each coordinate "
         "over the weights of the updates that sent it, SparseLoCo)",
     )
+    collective: str = key(
+        "none",
+        "a synchronous strategy's bytes as a collective among its sites moves them: none "
+        "(through the server, as sent) / allreduce (each site sends 2(C-1)/C of its payload, "
+        "DiLoCo) / allgather (each site's payload to the C-1 others, SparseLoCo); the model "
+        "itself then costs nothing (every site computes the same step)",
+    )
     server_optimizer: str = key(
         "sgd", "sgd / momentum (FedAvgM) / nesterov (DiLoCo's outer step) / adam (FedAdam)"
     )
@@ -411,6 +422,8 @@ class AsyncSection(Section):
             _fail("max-staleness", "must be >= 0, or -1 for no limit", self.max_staleness)
         if not 0.0 < self.fedasync_alpha <= 1.0:
             _fail("fedasync-alpha", "must be in (0, 1]", self.fedasync_alpha)
+        if self.collective not in COLLECTIVES:
+            _fail("collective", f"must be one of {', '.join(COLLECTIVES)}", self.collective)
         if self.buffer_mean not in ("auto", *NORMALIZATIONS):
             _fail(
                 "buffer-mean",
@@ -838,6 +851,16 @@ class RunConfig:
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
+        collective = self.asynchronous.collective
+        if collective != "none" and not (
+            self.runs_on_engine and STRATEGIES[self.strategy].synchronous
+        ):
+            _fail(
+                "collective",
+                "needs a synchronous engine strategy (diloco): asynchronous sites exchange "
+                "updates through the server",
+                collective,
+            )
         if not self.runs_on_engine and self.compression.ab_rank > 0:
             _fail(
                 "ab-rank",

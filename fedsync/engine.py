@@ -146,10 +146,15 @@ class InFlight:
     frozen: dict[str, torch.Tensor] | None = None
     dispatched: float = 0.0
     staleness: int | None = None
+    in_collective: bool = False
 
     @property
     def downlink_bytes(self) -> int:
-        """Everything the task carries to the device: model, masks, frozen factors."""
+        """Everything the task carries to the device: model, masks, frozen factors; 0 in
+        a run counted as a collective (run-config ``collective``), where every site
+        computes the model it starts from itself."""
+        if self.in_collective:
+            return 0
         return len(self.downlink.payload) + len(self.mask) + len(self.factors)
 
 
@@ -290,6 +295,8 @@ class AggregationEngine:
                 f"{config.strategy!r}"
             )
         self.strategy: Strategy = strategy or STRATEGIES[config.strategy](config.asynchronous)
+        self.collective = config.asynchronous.collective
+        """How this run's bytes are counted: as sent, or as a collective moves them."""
         decaying = self.strategy.decaying_compression
         self.schedule = config.compression.schedule(decaying=decaying)
         self.downlink_schedule = config.compression.downlink_schedule(decaying=decaying)
@@ -420,6 +427,7 @@ class AggregationEngine:
             ab_side=side,
             factors=factors,
             frozen=frozen,
+            in_collective=self.collective != "none",
         )
         self.tally.tasks += 1
         self.tally.bytes_down += flight.downlink_bytes
@@ -443,9 +451,21 @@ class AggregationEngine:
         if self.pruned is not None:
             self.pruned.commit(flight.node_id)
         self.tally.arrivals += 1
-        self.tally.bytes_up += payload_bytes
+        self.tally.bytes_up += self.wire_bytes_up(payload_bytes)
         flight.staleness = self.version - flight.version
         return flight.staleness
+
+    def wire_bytes_up(self, payload_bytes: int) -> int:
+        """What a reply's payload costs on the wire: its length, or in a run counted as
+        a collective among its ``C`` sites what the collective moves for it: an
+        all-gather sends it to the ``C - 1`` others, a ring all-reduce sends
+        ``2 (C - 1) / C`` of it."""
+        sites = self.strategy.buffer_size
+        if self.collective == "allgather":
+            return payload_bytes * (sites - 1)
+        if self.collective == "allreduce":
+            return round(payload_bytes * 2 * (sites - 1) / sites)
+        return payload_bytes
 
     # --- replies ------------------------------------------------------------------------------
     def receive(
@@ -564,6 +584,7 @@ class AggregationEngine:
         return {
             "policy": self.strategy.describe(),
             "server_optimizer": repr(self.optimizer),
+            "collective": self.collective,
             "rejections": dict(sorted(self.rejections.items())),
             "downlink_resyncs": self.downlink.resyncs,
             **(

@@ -323,7 +323,7 @@ class AsyncRun:
             reply: TrainReply = delivery.reply
             training = self.config.training
             work = TaskWork.from_reply(
-                len(reply.payload),
+                self.engine.wire_bytes_up(len(reply.payload)),
                 examples=reply.num_examples,
                 steps=reply.num_steps,
                 epochs=training.local_epochs,

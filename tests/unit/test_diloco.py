@@ -192,3 +192,31 @@ def test_a_failing_site_does_not_stall_a_round(tmp_path: Path) -> None:
     assert result.summary["stop_reason"] == "max-aggregations" and result.version == 12
     assert [e["node"] for e in of(events, "give-up")] == [103]
     assert set(result.summary["staleness_histogram"]) == {"0"}
+
+
+# --- bytes as a collective moves them ---------------------------------------------------------
+@pytest.mark.parametrize(("collective", "factor"), [("allgather", 3.0), ("allreduce", 1.5)])
+def test_a_collective_counts_what_it_moves_and_no_model_download(
+    tmp_path: Path, collective: str, factor: float
+) -> None:
+    """Four sites: an all-gather sends each payload to the 3 others, a ring all-reduce
+    sends 2 * 3 / 4 of it; every site computes the stepped model itself."""
+    plain, plain_events, _, _ = run(tmp_path, "through-server", strategy="diloco", concurrency=4)
+    result, events, _, _ = run(
+        tmp_path, collective, strategy="diloco", concurrency=4, collective=collective
+    )
+    arrivals = of(events, "arrival")
+    assert arrivals and all(e["bytes_down"] == 0 for e in of(events, "dispatch"))
+    assert result.summary["total_bytes_down"] == 0
+    assert result.summary["total_bytes_up"] == sum(round(e["bytes_up"] * factor) for e in arrivals)
+    assert plain.summary["total_bytes_down"] > 0
+    # The same updates (the stand-in codec's payloads do not depend on the bytes' count).
+    assert [e["bytes_up"] for e in arrivals] == [e["bytes_up"] for e in of(plain_events, "arrival")]
+    assert result.summary["collective"] == collective
+
+
+def test_a_collective_needs_synchronous_sites() -> None:
+    with pytest.raises(SettingsError, match="collective"):
+        RunConfig.from_run_config({"strategy": "fedbuff", "collective": "allgather"})
+    with pytest.raises(SettingsError, match="collective"):
+        RunConfig.from_run_config({"strategy": "diloco", "collective": "broadcast"})
