@@ -140,7 +140,7 @@ class ComparisonRunner:
             outcome = link.run_app(
                 self.project_root,
                 run_config,
-                federation_config=self.scenario.federation,
+                federation_config=self.scenario.federation_of(label),
                 timeout=self.scenario.timeout,
                 echo=self.verbose,
             )

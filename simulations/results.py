@@ -234,6 +234,12 @@ class Comparison:
         }
 
 
+def _own_federation(scenario: Scenario, label: str) -> bool:
+    """Whether strategy ``label`` runs on a federation of its own (a row that is no
+    longer in the scenario, read from an older report, has none)."""
+    return label in scenario.labels and bool(scenario.strategy(label).federation)
+
+
 def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Comparison:
     """Fix the target, find when and at what cost each run reached it, and the ratios.
 
@@ -262,6 +268,11 @@ def build_comparison(scenario: Scenario, results: Sequence[RunResult]) -> Compar
             {
                 "label": result.label,
                 "strategy": result.strategy,
+                **(
+                    {"federation": scenario.federation_of(result.label)}
+                    if _own_federation(scenario, result.label)
+                    else {}
+                ),
                 "status": result.status,
                 "completed": result.completed,
                 "details": result.details[-2000:] if not result.completed else "",

@@ -24,6 +24,9 @@ comparison shares and what each one changes::
     strategy = "teasq"
     concurrency = 5
 
+    [strategies.one-site.federation]   # optional: this strategy's own federation keys
+    num-supernodes = 1                 # (over [federation]; a single-site reference)
+
 Every run-config key must be one of ``[tool.flwr.app.config]`` in ``pyproject.toml``,
 with a value of the same type as its default there (an int is accepted for a float);
 the strategy's merged settings are then checked by the readers the apps use
@@ -181,10 +184,14 @@ class StrategySpec:
         The name in reports and the run's results folder name.
     run_config : mapping
         The scenario's shared run config with this strategy's overrides applied.
+    federation : mapping
+        Its own ``[strategies.<label>.federation]`` keys over the scenario's
+        ``[federation]`` (empty: the scenario's, see :meth:`Scenario.federation_of`).
     """
 
     label: str
     run_config: Mapping[str, ConfigValue]
+    federation: Mapping[str, ConfigValue] = field(default_factory=dict)
 
     @property
     def strategy(self) -> str:
@@ -236,6 +243,11 @@ class Scenario:
         """Strategy labels in file order."""
         return [spec.label for spec in self.strategies]
 
+    def federation_of(self, label: str) -> dict[str, ConfigValue]:
+        """The federation strategy ``label`` runs on: the scenario's, with its own keys
+        over it."""
+        return {**self.federation, **self.strategy(label).federation}
+
     def strategy(self, label: str) -> StrategySpec:
         """The strategy with this label.
 
@@ -275,7 +287,7 @@ class Scenario:
                 value = config.get(key, defaults.get(key, 0))
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                     config[key] = max(1, round(value * factor))
-            strategies.append(StrategySpec(spec.label, config))
+            strategies.append(replace(spec, run_config=config))
         return replace(self, strategies=tuple(strategies), scale=self.scale * factor)
 
     @property
@@ -299,7 +311,7 @@ class Scenario:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ScenarioError(f"seed must be an integer >= 0, got {seed!r}")
         strategies = tuple(
-            StrategySpec(spec.label, {**spec.run_config, "seed": seed}) for spec in self.strategies
+            replace(spec, run_config={**spec.run_config, "seed": seed}) for spec in self.strategies
         )
         return replace(self, run_config={**self.run_config, "seed": seed}, strategies=strategies)
 
@@ -379,6 +391,11 @@ def parse_scenario(
             )
         if not isinstance(overrides, Mapping):
             raise ScenarioError(f"{table_name}: must be a table of run-config keys")
+        overrides = dict(overrides)
+        own_federation = _federation(
+            _table(overrides, "federation", table_name), f"{table_name} [federation]"
+        )
+        overrides.pop("federation", None)
         own = _resolve_paths(_run_config(overrides, defaults, table_name), project_root)
         if "strategy" not in own:
             raise ScenarioError(
@@ -386,7 +403,7 @@ def parse_scenario(
             )
         merged = {**shared, **own}
         _check_with_app_readers({**defaults, **merged}, table_name)
-        strategies.append(StrategySpec(strategy_label, merged))
+        strategies.append(StrategySpec(strategy_label, merged, own_federation))
     baseline = data.get("baseline", "fedavg")
     if not isinstance(baseline, str) or baseline not in strategies_table:
         raise ScenarioError(

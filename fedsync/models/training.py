@@ -8,8 +8,9 @@ copies. Thread counts are the caller's business (``torch.set_num_threads``).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypedDict
 
@@ -260,35 +261,54 @@ def train(
         inner.load_into(step_rule)
     first_step = inner.steps if inner is not None else 0
     generator = torch.Generator().manual_seed(seed)
-
-    loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
-    seen = steps = 0
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator).to(device)
-        for start in range(0, n, batch_size):
-            batch = order[start : start + batch_size]
-            step_rule.zero_grad(set_to_none=True)
-            loss = _cross_entropy(model(x[batch]), y[batch])
-            if anchor:
-                (loss + _proximal(params, anchor, proximal_mu)).backward()
-            else:
-                loss.backward()
-            if max_grad_norm is not None:
-                nn.utils.clip_grad_norm_(params, max_grad_norm)
-            if schedule is not None:
-                for group in step_rule.param_groups:
-                    group["lr"] = lr * schedule.factor(first_step + steps)
-            step_rule.step()
-            loss_sum += loss.detach() * len(batch)
-            seen += len(batch)
-            steps += 1
+    # The model's own randomness (dropout) draws from torch's global generators: seeded
+    # here for the call and restored after, so a task repeats whatever its process ran
+    # before (a Ray actor, a warm executor).
+    with _seeded_global_rng(seed, torch.device(device)):
+        loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
+        seen = steps = 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=generator).to(device)
+            for start in range(0, n, batch_size):
+                batch = order[start : start + batch_size]
+                step_rule.zero_grad(set_to_none=True)
+                loss = _cross_entropy(model(x[batch]), y[batch])
+                if anchor:
+                    (loss + _proximal(params, anchor, proximal_mu)).backward()
+                else:
+                    loss.backward()
+                if max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(params, max_grad_norm)
+                if schedule is not None:
+                    for group in step_rule.param_groups:
+                        group["lr"] = lr * schedule.factor(first_step + steps)
+                step_rule.step()
+                loss_sum += loss.detach() * len(batch)
+                seen += len(batch)
+                steps += 1
+                if max_steps is not None and steps >= max_steps:
+                    break
             if max_steps is not None and steps >= max_steps:
                 break
-        if max_steps is not None and steps >= max_steps:
-            break
     if inner is not None:
         inner.save_from(step_rule, steps)
     return TrainResult(train_loss=float(loss_sum) / seen, num_examples=n, steps=steps)
+
+
+@contextlib.contextmanager
+def _seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's global CPU generator (and ``device``'s, on CUDA) with ``seed`` for the
+    block; their previous states come back after it."""
+    cuda = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if (device.type == "cuda")
+        else []
+    )
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
 
 
 def _detached(value: object) -> torch.Tensor:

@@ -87,3 +87,32 @@ def test_training_lowers_the_per_token_loss_and_evaluation_counts_tokens() -> No
     assert after["loss"] < before["loss"] - 0.5
     # Accuracy is over the 64 x 128 targets, so it moves in steps of 1 / 8192.
     assert (after["accuracy"] * 64 * 128) == pytest.approx(round(after["accuracy"] * 64 * 128))
+
+
+def test_dropout_repeats_with_the_tasks_seed_whatever_ran_before() -> None:
+    """Dropout draws from torch's global generator: training seeds it per call (and puts
+    it back), so a task gives the same model in any process history."""
+    splits = load_dataset("shakespeare-lm", DATA)
+    data = splits.train.subset(np.arange(32))
+    models = []
+    for noise in (1, 50):
+        torch.randn(noise)  # a different history of the global generator
+        model = CharTransformer((128,), splits.num_classes, width=32, layers=1, heads=2)
+        model.load_state_dict(_seeded_state(splits.num_classes))
+        before = torch.random.get_rng_state()
+        train(model, data, epochs=2, batch_size=16, lr=0.01, optimizer="adamw", seed=4)
+        assert torch.equal(torch.random.get_rng_state(), before)  # put back
+        models.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    assert torch.equal(models[0], models[1])
+    other = CharTransformer((128,), splits.num_classes, width=32, layers=1, heads=2)
+    other.load_state_dict(_seeded_state(splits.num_classes))
+    train(other, data, epochs=2, batch_size=16, lr=0.01, optimizer="adamw", seed=5)
+    assert not torch.equal(
+        models[0], torch.cat([p.detach().reshape(-1) for p in other.parameters()])
+    )
+
+
+def _seeded_state(vocab: int) -> dict[str, torch.Tensor]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return CharTransformer((128,), vocab, width=32, layers=1, heads=2).state_dict()

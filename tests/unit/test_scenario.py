@@ -67,6 +67,21 @@ def test_overrides_merge_over_shared_keys() -> None:
     assert scenario.federation == {"num-supernodes": 4, "client-resources-num-cpus": 1}
 
 
+def test_a_strategy_may_run_on_a_federation_of_its_own() -> None:
+    data = _scenario_data()
+    data["strategies"]["teasq"]["federation"] = {"num-supernodes": 1}
+    scenario = parse_scenario(data)
+    assert scenario.federation_of("teasq") == {"num-supernodes": 1, "client-resources-num-cpus": 1}
+    assert scenario.federation_of("fedavg") == scenario.federation
+    assert "federation" not in scenario.strategy("teasq").run_config
+    # Scaling and seeding keep it.
+    assert scenario.scaled(0.5).federation_of("teasq")["num-supernodes"] == 1
+    assert scenario.seeded(3).federation_of("teasq")["num-supernodes"] == 1
+    data["strategies"]["teasq"]["federation"] = {"num-supernodes": 0}
+    with pytest.raises(ScenarioError, match=r"\[strategies.teasq\] \[federation\]"):
+        parse_scenario(data)
+
+
 def test_int_accepted_where_the_default_is_a_float() -> None:
     data = _scenario_data()
     data["strategies"]["teasq"]["density-start"] = 1
