@@ -98,6 +98,8 @@ def train_task(msg: Message, context: Context, runtime: ClientRuntime) -> Messag
             log(WARNING, "[fedsync] a fresh inner optimizer for this task: %s", err)
             inner.state = None
     result = training.run(task.module, train_set, runtime.device, inner)
+    if inner is not None and not settings.keeps_optimizer_state:
+        inner.state = None  # "reset": only the step count (the schedule) carries over
     return task.reply(
         num_examples=int(result["num_examples"]),
         metrics={

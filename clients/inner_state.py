@@ -5,9 +5,13 @@ the device's step count (where its learning-rate schedule stands). Between tasks
 lives in Flower's ``context.state`` (record :data:`INNER_OPTIMIZER`); with node config
 ``state-dir`` it is also written to ``<state-dir>/optim-<job>-p<partition>.npz`` after
 every task (crash-safe, :mod:`fedsync.persist`) and read back by a restarted node,
-like the codec's error-feedback residual (:mod:`fedsync.clients.state_store`). A state
-of another job or partition, or one that does not fit the model, is ignored with a
-warning: the device then starts a fresh optimizer, never a wrong one.
+like the codec's error-feedback residual (:mod:`fedsync.clients.state_store`). A file
+of another job or partition, or one that cannot be read, is ignored with a warning;
+:meth:`~fedsync.models.training.InnerOptimizer.check_fits` tells a state of another
+model (fedsync's app then starts a fresh optimizer, with a warning, never a wrong one;
+``load_into`` and ``train`` refuse it). A dense Flower task (``FedAvg``) names no job:
+its state is kept in ``context.state`` only. A server resumed on nodes that restarted
+without ``state-dir`` starts every site's optimizer afresh (warm-up included).
 
 In ``reset`` mode (``client-optimizer-state``) only the step count is kept, so a
 schedule still runs across tasks while every task starts fresh moments.
@@ -26,7 +30,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.common.logger import log
 
-from fedsync.clients.state_store import STATE_DIR
+from fedsync.clients.state_store import STATE_DIR, check_owner, node_state_path
 from fedsync.models.training import InnerOptimizer
 from fedsync.persist import PersistError, parse_arrays, save_arrays
 
@@ -38,7 +42,6 @@ FORMAT: Final = 1
 """Version of the file's layout (its header says which it is)."""
 
 _STEPS = "steps"
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def restore_inner_optimizer(
@@ -90,7 +93,10 @@ def _to_arrays(inner: InnerOptimizer) -> dict[str, np.ndarray]:
     arrays = {_STEPS: np.asarray([inner.steps], dtype=np.int64)}
     for index, entries in (inner.state or {}).items():
         for name, value in entries.items():
-            arrays[f"{index}/{name}"] = value.detach().to("cpu").numpy().copy()
+            held = value.detach().to("cpu")
+            if held.is_floating_point() and held.dtype != torch.float64:
+                held = held.float()  # numpy has no bfloat16; loading casts back
+            arrays[f"{index}/{name}"] = held.numpy().copy()
     return arrays
 
 
@@ -109,7 +115,7 @@ def _path(node_config: Mapping[str, Any], job: str, partition_id: int) -> Path |
     folder = str(node_config.get(STATE_DIR, "") or "")
     if not folder or not job:
         return None
-    return Path(folder).expanduser() / f"optim-{_SAFE.sub('_', job)[:80]}-p{partition_id}.npz"
+    return node_state_path(Path(folder), "optim", job=job, partition_id=partition_id)
 
 
 def _read(path: Path, job: str, partition_id: int) -> dict[str, np.ndarray] | None:
@@ -117,14 +123,14 @@ def _read(path: Path, job: str, partition_id: int) -> dict[str, np.ndarray] | No
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as err:  # unreadable: start fresh rather than fail the task
+        log(WARNING, "[fedsync] ignoring persisted inner optimizer %s: %s", path, err)
+        return None
     try:
         arrays, meta = parse_arrays(raw, source=str(path))
         if meta.get("format") != FORMAT:
             raise PersistError(f"format {meta.get('format')!r}, this node reads {FORMAT}")
-        if meta.get("job") != job or meta.get("partition") != partition_id:
-            raise PersistError(
-                f"belongs to job {meta.get('job')!r} partition {meta.get('partition')!r}"
-            )
+        check_owner(meta, job=job, partition_id=partition_id)
         for key in arrays:
             if key != _STEPS and not re.fullmatch(r"\d+/\w+", key):
                 raise PersistError(f"unexpected entry {key!r}")

@@ -37,7 +37,7 @@ from fedsync.codec import CodecState
 from fedsync.persist import JOB_KEY, PersistError, bytes_digest, parse_arrays, save_arrays
 from fedsync.updates import TensorSpec
 
-__all__ = ["FORMAT", "JOB_KEY", "STATE_DIR", "CodecStateStore"]
+__all__ = ["FORMAT", "JOB_KEY", "STATE_DIR", "CodecStateStore", "check_owner", "node_state_path"]
 
 STATE_DIR: Final = "state-dir"
 """Node config key: the folder for this node's persisted state (absent: none kept)."""
@@ -48,6 +48,21 @@ JOURNAL: Final = "restores.jsonl"
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _STATE_PREFIXES = ("residual/", "momentum/")
+
+
+def node_state_path(folder: Path, kind: str, *, job: str, partition_id: int) -> Path:
+    """``<folder>/<kind>-<job>-p<partition>.npz``: where a node keeps one kind of its
+    state of one job (the job made safe for a file name)."""
+    return Path(folder).expanduser() / f"{kind}-{_SAFE.sub('_', job)[:80]}-p{partition_id}.npz"
+
+
+def check_owner(meta: Mapping[str, Any], *, job: str, partition_id: int) -> None:
+    """Raise ``ValueError`` unless a state file's header names this job and partition."""
+    if meta.get("job") != job or meta.get("partition") != partition_id:
+        raise ValueError(
+            f"belongs to job {meta.get('job')!r} partition {meta.get('partition')!r}, "
+            f"not {job!r} partition {partition_id}"
+        )
 
 
 class CodecStateStore:
@@ -69,7 +84,7 @@ class CodecStateStore:
         self.folder = Path(folder).expanduser()
         self.job = job
         self.partition_id = partition_id
-        self.path = self.folder / f"codec-{_SAFE.sub('_', job)[:80]}-p{partition_id}.npz"
+        self.path = node_state_path(self.folder, "codec", job=job, partition_id=partition_id)
 
     @classmethod
     def from_node_config(
@@ -130,11 +145,7 @@ class CodecStateStore:
     ) -> None:
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, this node reads {FORMAT}")
-        if meta.get("job") != self.job or meta.get("partition") != self.partition_id:
-            raise ValueError(
-                f"belongs to job {meta.get('job')!r} partition {meta.get('partition')!r}, "
-                f"not {self.job!r} partition {self.partition_id}"
-            )
+        check_owner(meta, job=self.job, partition_id=self.partition_id)
         for key, array in arrays.items():
             prefix = next((p for p in _STATE_PREFIXES if key.startswith(p)), None)
             if prefix is None:

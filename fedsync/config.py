@@ -383,7 +383,8 @@ class AsyncSection(Section):
         "auto",
         "how K updates become one: auto (the strategy's) / count (sum over K, FedBuff, "
         "DiLoCo) / weight (over the summed weights, TEASQ-Fed) / selected (each coordinate "
-        "over the weights of the updates that sent it, SparseLoCo)",
+        "over the weights of the updates that sent it, SparseLoCo); with weight and "
+        "selected, weights re-balance updates but do not shrink the step",
     )
     collective: str = key(
         "none",
@@ -851,21 +852,57 @@ class RunConfig:
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
+        mean = self.asynchronous.buffer_mean
+        if self.strategy in ("fedasync", "fedasync-mix") and mean not in ("auto", "count"):
+            _fail(
+                "buffer-mean",
+                "FedAsync mixes each update in by its own weight (fedasync-alpha x "
+                "staleness), which a mean over the weights would cancel: leave it auto",
+                mean,
+            )
+        self._check_collective()
+        if not self.runs_on_engine and self.compression.ab_rank > 0:
+            _fail(
+                "ab-rank",
+                "needs an engine strategy (teasq, fedbuff, ...); fedavg sends dense models",
+                self.compression.ab_rank,
+            )
+
+    def _check_collective(self) -> None:
+        """A collective's bytes hold only where every site computes the same model: a
+        synchronous strategy, the model handed over exactly, nothing per site."""
         collective = self.asynchronous.collective
-        if collective != "none" and not (
-            self.runs_on_engine and STRATEGIES[self.strategy].synchronous
-        ):
+        if collective == "none":
+            return
+        if not (self.runs_on_engine and STRATEGIES[self.strategy].synchronous):
             _fail(
                 "collective",
                 "needs a synchronous engine strategy (diloco): asynchronous sites exchange "
                 "updates through the server",
                 collective,
             )
-        if not self.runs_on_engine and self.compression.ab_rank > 0:
+        compression = self.compression
+        exact = parse_spec(compression.downlink_codec)
+        if compression.downlink_kind != "full" or not (
+            exact.sparsifier is not None
+            and exact.sparsifier.name == "none"
+            and exact.rotation is None
+            and exact.feedback is None
+            and exact.quantizer is not None
+            and exact.quantizer.name == "fp32"
+        ):
             _fail(
-                "ab-rank",
-                "needs an engine strategy (teasq, fedbuff, ...); fedavg sends dense models",
-                self.compression.ab_rank,
+                "collective",
+                "counts no model download, so the model must reach the sites exactly: "
+                'downlink-kind = "full" with downlink-codec = "none+fp32" (got '
+                f"{compression.downlink_kind!r}, {compression.downlink_codec!r})",
+                collective,
+            )
+        if compression.ab_rank > 0 or compression.prune_at_version >= 0:
+            _fail(
+                "collective",
+                "cannot count per-site payloads (AB-Training's factors, pruning masks)",
+                collective,
             )
 
     @classmethod

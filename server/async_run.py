@@ -380,6 +380,12 @@ class AsyncRun:
             staleness=staleness,
             bytes_up=len(reply.payload),
             bytes_down=plan.downlink_bytes,
+            # In a run counted as a collective: what the collective moves for it.
+            **(
+                {"bytes_wire": self.engine.wire_bytes_up(len(reply.payload))}
+                if plan.in_collective
+                else {}
+            ),
             num_examples=reply.num_examples,
             train_loss=reply.metrics.get(protocol.TRAIN_LOSS),
             sim_duration=round(duration, 6),

@@ -24,7 +24,7 @@ import torch
 from fedsync.aggregation import UpdateBuffer, validate_update
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
-from fedsync.models.training import evaluate, train
+from fedsync.models.training import InnerOptimizer, evaluate, train
 from fedsync.strategies import STRATEGIES
 from fedsync.task import client_data, dataset_for, model_for, model_state
 from fedsync.updates import TensorSpec
@@ -154,6 +154,9 @@ def collect_updates(
     server = UpdateCodec(specs=specs)
     collection = Collection(specs, clients, rounds, k if k > 0 else clients)
     torch.manual_seed(settings.seed)
+    # Each client's optimizer memory across rounds, as the app keeps it (the step count
+    # always: it drives the schedule; the moments with client-optimizer-state = "keep").
+    inners = [InnerOptimizer() for _ in range(clients)]
     for round_index in range(rounds):
         buffer = UpdateBuffer(specs, capacity=clients)
         spec = spec_at(round_index)
@@ -169,8 +172,11 @@ def collect_updates(
                 proximal_mu=settings.proximal_mu,
                 max_steps=settings.local_steps or None,
                 seed=(settings.seed * 1_000_003 + c * 7919 + round_index) % 2**31,
+                inner=inners[c],
                 **settings.optimizer_settings,
             )
+            if not settings.keeps_optimizer_state:
+                inners[c].state = None
             trained = model.state_dict()
             delta = {name: trained[name].detach().float() - global_state[name] for name in specs}
             # Same sender memory across tasks, this task's spec (density, bits).

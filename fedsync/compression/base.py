@@ -22,7 +22,15 @@ from fedsync.compression.config import QuantizerConfig, RotationConfig, Sparsifi
 from fedsync.compression.errors import CodecMismatch, NonFiniteUpdate
 from fedsync.updates import IndexMode, QuantizedValues, TensorSpec, host_array
 
-__all__ = ["Kept", "Quantizer", "Rotation", "Sparsifier", "expect_params", "target_count"]
+__all__ = [
+    "Kept",
+    "Quantizer",
+    "Rotation",
+    "Sparsifier",
+    "expect_params",
+    "target_count",
+    "top_per_row",
+]
 
 
 def target_count(numel: int, density: float) -> int:
@@ -32,6 +40,13 @@ def target_count(numel: int, density: float) -> int:
     if numel <= 0:
         return 0
     return max(1, min(numel, math.floor(density * numel + 0.5)))
+
+
+def top_per_row(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """Column indices of the ``k`` largest magnitudes of each row of a 2-d tensor, ties
+    to the lower column (a stable sort: the kept set is a function of the data alone)."""
+    order = torch.sort(rows.abs(), dim=1, descending=True, stable=True).indices
+    return order[:, :k]
 
 
 @dataclass

@@ -26,7 +26,7 @@ text       codec     codec description (at most ``max_codec_length`` bytes)
                      3 bfloat16, 4 float64), 1 ndim, ndim varint dimensions
 ...        formats   varint format count (at most the tensor count), then per
                      format: 1 scheme (1 fp32, 2 fp16, 3 bf16, 4 uniform, 5 qsgd,
-                     6 sign, 7 ternary), 1 bits (1..32), varint param count (at
+                     6 sign, 7 ternary, 8 binmean), 1 bits (1..32), varint param count (at
                      most ``max_params``), per param ``text`` name and varint
                      ``L``: 0 if each tensor gives the param's float count, else
                      every tensor of the format has ``L - 1`` floats

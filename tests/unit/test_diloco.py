@@ -203,20 +203,55 @@ def test_a_collective_counts_what_it_moves_and_no_model_download(
     sends 2 * 3 / 4 of it; every site computes the stepped model itself."""
     plain, plain_events, _, _ = run(tmp_path, "through-server", strategy="diloco", concurrency=4)
     result, events, _, _ = run(
-        tmp_path, collective, strategy="diloco", concurrency=4, collective=collective
+        tmp_path,
+        collective,
+        strategy="diloco",
+        concurrency=4,
+        collective=collective,
+        downlink_kind="full",
+        downlink_codec="none+fp32",
     )
     arrivals = of(events, "arrival")
     assert arrivals and all(e["bytes_down"] == 0 for e in of(events, "dispatch"))
     assert result.summary["total_bytes_down"] == 0
-    assert result.summary["total_bytes_up"] == sum(round(e["bytes_up"] * factor) for e in arrivals)
+    assert result.summary["total_bytes_up"] == sum(e["bytes_wire"] for e in arrivals)
+    assert all(e["bytes_wire"] == round(e["bytes_up"] * factor) for e in arrivals)
+    # The virtual clock charges what the collective moves, and no download.
+    wire_time = sum(e["sim_duration"] for e in arrivals)
+    assert wire_time != sum(e["sim_duration"] for e in of(plain_events, "arrival"))
     assert plain.summary["total_bytes_down"] > 0
     # The same updates (the stand-in codec's payloads do not depend on the bytes' count).
     assert [e["bytes_up"] for e in arrivals] == [e["bytes_up"] for e in of(plain_events, "arrival")]
     assert result.summary["collective"] == collective
 
 
-def test_a_collective_needs_synchronous_sites() -> None:
-    with pytest.raises(SettingsError, match="collective"):
-        RunConfig.from_run_config({"strategy": "fedbuff", "collective": "allgather"})
-    with pytest.raises(SettingsError, match="collective"):
-        RunConfig.from_run_config({"strategy": "diloco", "collective": "broadcast"})
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"strategy": "fedbuff"}, "synchronous engine strategy"),
+        ({"collective": "broadcast"}, "must be one of"),
+        ({"downlink-kind": "delta"}, "exactly"),
+        ({"downlink-codec": "none+fp16"}, "exactly"),
+        ({"downlink-codec": "none+rht+fp32"}, "exactly"),
+        ({"ab-rank": 4, "uplink-codec": "none+uniform:8"}, "per-site payloads"),
+        ({"prune-at-version": 2}, "per-site payloads"),
+    ],
+)
+def test_a_collective_needs_synchronous_sites_that_hold_the_same_model(
+    values: dict[str, object], message: str
+) -> None:
+    base: dict[str, object] = {
+        "strategy": "diloco",
+        "collective": "allgather",
+        "downlink-kind": "full",
+        "downlink-codec": "none+fp32",
+    }
+    RunConfig.from_run_config(base)
+    with pytest.raises(SettingsError, match=message):
+        RunConfig.from_run_config({**base, **values})
+
+
+def test_fedasync_keeps_its_own_mixing_weight() -> None:
+    for strategy in ("fedasync", "fedasync-mix"):
+        with pytest.raises(SettingsError, match="buffer-mean"):
+            RunConfig.from_run_config({"strategy": strategy, "buffer-mean": "selected"})

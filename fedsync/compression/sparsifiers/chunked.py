@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from fedsync.compression.base import Kept, Sparsifier
+from fedsync.compression.base import Kept, Sparsifier, top_per_row
 from fedsync.compression.config import MAX_STAGE_INT, BuildContext, SparsifierConfig
 from fedsync.compression.errors import SpecError
 from fedsync.compression.registry import register
@@ -119,7 +119,7 @@ class ChunkTopK(Sparsifier):
         k = min(self.config.k, size)
         # (rows/bh, bh, cols/bw, bw) -> (blocks, bh * bw): each row is one block.
         blocks = x.view(rows // bh, bh, cols // bw, bw).permute(0, 2, 1, 3).reshape(-1, size)
-        order = torch.sort(blocks.abs(), dim=1, descending=True, stable=True).indices[:, :k]
+        order = top_per_row(blocks, k)
         # Block-local (i, j) back to the flat position (row * cols + col).
         block_id = torch.arange(blocks.shape[0], device=x.device, dtype=torch.int64)[:, None]
         block_row, block_col = block_id // (cols // bw), block_id % (cols // bw)

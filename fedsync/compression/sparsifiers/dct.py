@@ -27,7 +27,7 @@ from typing import ClassVar, Final
 import numpy as np
 import torch
 
-from fedsync.compression.base import Kept
+from fedsync.compression.base import Kept, top_per_row
 from fedsync.compression.config import BuildContext, SparsifierConfig
 from fedsync.compression.errors import CodecMismatch, SpecError
 from fedsync.compression.registry import register
@@ -210,12 +210,6 @@ def _transform(x: torch.Tensor, chunk: int, *, inverse: bool) -> torch.Tensor:
     return out
 
 
-def _top_per_row(rows: torch.Tensor, k: int) -> torch.Tensor:
-    """Column indices of the ``k`` largest magnitudes per row, ties to the lower one."""
-    order = torch.sort(rows.abs(), dim=1, descending=True, stable=True).indices
-    return order[:, :k]
-
-
 class DCTTopK(TransformSparsifier):
     """Top-k per chunk of the chunked DCT-II (see the module docstring)."""
 
@@ -227,11 +221,11 @@ class DCTTopK(TransformSparsifier):
         full, tail = divmod(x.numel(), chunk)
         parts: list[torch.Tensor] = []
         if full:
-            cols = _top_per_row(coeffs[: full * chunk].view(full, chunk), k)
+            cols = top_per_row(coeffs[: full * chunk].view(full, chunk), k)
             base = torch.arange(full, device=x.device, dtype=torch.int64)[:, None] * chunk
             parts.append((cols + base).reshape(-1))
         if tail:
-            cols = _top_per_row(coeffs[full * chunk :].view(1, tail), min(k, tail))
+            cols = top_per_row(coeffs[full * chunk :].view(1, tail), min(k, tail))
             parts.append(cols.reshape(-1) + full * chunk)
         if parts:
             positions = torch.sort(torch.cat(parts)).values
