@@ -30,6 +30,7 @@ GOLDEN_SPECS = [
     "none+uniform:8",
     "dct:4,chunk=64+fp32",
     "powersgd:2+fp32",
+    "chunktopk:64,block=32+fp32",
     # every quantizer
     "topk:0.05+fp16",
     "topk:0.05+bf16",
@@ -37,6 +38,7 @@ GOLDEN_SPECS = [
     "topk:0.05+qsgd:16",
     "topk:0.05+ternary",
     "topk:0.05+sign",
+    "topk:0.05+binmean:2",
     "none+fp32",
     # every feedback stage, over several steps
     "topk:0.01+uniform:8+ef",
@@ -44,6 +46,7 @@ GOLDEN_SPECS = [
     "randomk:0.05+qsgd:4+ef",
     "powersgd:2+fp16+ef",
     "dct:4,chunk=64+uniform:8+demo",
+    "chunktopk:128+binmean:2+demo:0.95",
     # the rotation, dense and (with feedback) over the kept values
     "none+rht+uniform:4",
     "topk:0.05+rht:64+uniform:3,chunk=64+ef",
