@@ -7,7 +7,6 @@ with hand-built Flower Messages on digits; a restart is a fresh ``Context``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
 from fedsync.clients.app import train_task
@@ -33,6 +31,7 @@ from fedsync.models.training import InnerOptimizer, LearningRateSchedule, train
 from fedsync.persist import load_arrays
 from fedsync.protocol import TrainTask
 from fedsync.task import model_for, model_state
+from tests.unit.test_async_run import task_identity as task_identity  # autouse: Message()
 
 ADAMW: dict[str, Any] = {
     "dataset": "digits",
@@ -119,14 +118,6 @@ def test_the_schedule_runs_on_the_devices_step_count_across_tasks() -> None:
 
 
 # --- the node: context.state, state-dir, run config --------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("_run_id", "_node_id", "_task_id"):
-            patch.setattr(TaskIdentity, name, 1)
-        yield
 
 
 def task(number: int, run_config: dict[str, Any]) -> Message:
