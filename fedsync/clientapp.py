@@ -115,13 +115,17 @@ class Task:
         (:mod:`fedsync.clients.inner_state`). ``keep_moments=False`` keeps the step
         count only (a schedule across tasks, fresh moments each task).
         """
-        job = self.compressed.job if self.compressed is not None else ""
         return restore_inner_optimizer(
             self.context,
-            job=job,
+            job=self._job,
             partition_id=_partition_id(self.context),
             keep_moments=keep_moments,
         )
+
+    @property
+    def _job(self) -> str:
+        """The training job the task names (a dense Flower task names none)."""
+        return self.compressed.job if self.compressed is not None else ""
 
     def reply(
         self,
@@ -163,9 +167,8 @@ class Task:
         values[protocol.NUM_EXAMPLES] = int(num_examples)
         values[protocol.COMPUTE_SECONDS] = time.perf_counter() - self._received_at
         if inner is not None:
-            job = self.compressed.job if self.compressed is not None else ""
             keep_inner_optimizer(
-                inner, self.context, job=job, partition_id=_partition_id(self.context)
+                inner, self.context, job=self._job, partition_id=_partition_id(self.context)
             )
         if self.compressed is None:
             state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
