@@ -61,6 +61,7 @@ import statistics
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -254,8 +255,14 @@ def run_path(
     supernode_poll: float = 0.2,
     wall_time: float = 0.0,
     device_classes: list[str] | None = None,
+    device: str = "cpu",
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One deployment on a path of :data:`MODES`; its per-task rows and RSS samples."""
+    """One deployment on a path of :data:`MODES`; its per-task rows and RSS samples.
+
+    ``device`` is every node's (node config ``device``); ``settings`` are run-config
+    keys set on top of this benchmark's (``server-device``, codecs, ``seed``).
+    """
     folder = work / mode
     results = folder / "results"
     node_configs: list[dict[str, Any]] = []
@@ -263,7 +270,7 @@ def run_path(
         config: dict[str, Any] = {
             "partition-id": i,
             "num-partitions": nodes,
-            "device": "cpu",
+            "device": device,
             "timing-log": str(folder / f"timing-{i}.jsonl"),
             "state-dir": str(folder / f"state-{i}"),
         }
@@ -283,6 +290,7 @@ def run_path(
         "plots": False,
         "results-dir": str(results),
         "run-name": mode,
+        **(settings or {}),
     }
     if wall_time > 0:
         run_config["max-aggregations"] = 100_000
@@ -364,6 +372,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each value a TOML value (a bare word is taken as a string)."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            settings[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            settings[key] = value
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -375,8 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=float, default=0.0, help="one path only, seconds")
     parser.add_argument("--soak-mode", default="exec", choices=MODES)
     parser.add_argument("--device-classes", default="laptop-x86,jetson-orin")
+    parser.add_argument("--device", default="cpu", help="every node's device (cpu, cuda)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='a run-config key on top of the benchmark\'s (TOML value), e.g. server-device="cuda"',
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_overhead.json")
     args = parser.parse_args(argv)
+    settings = parse_settings(args.set)
     classes = [c for c in args.device_classes.split(",") if c]
     modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
     if unknown := sorted(set(modes) - set(MODES)):
@@ -385,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "deploy_overhead",
         "provenance": provenance("python -m benchmarks.deploy_overhead", argv),
         "nodes": args.nodes,
+        "device": args.device,
+        "settings": settings,
         "exec_poll_s": args.exec_poll,
         "runs": {},
         "summary": {},
@@ -400,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
                 supernode_poll=args.supernode_poll,
                 wall_time=args.soak,
                 device_classes=classes,
+                device=args.device,
+                settings=settings,
             )
             result["runs"][mode] = run
             result["summary"][mode] = {

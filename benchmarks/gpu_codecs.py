@@ -53,6 +53,8 @@ from typing import Any
 
 import torch
 
+from fedsync.reports.provenance import provenance
+
 RESULTS_DIR = Path(__file__).parent / "results"
 SECTOR = 32
 """Bytes a scattered load or store costs (one DRAM sector)."""
@@ -329,7 +331,7 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}), Triton interpreter"
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     import triton
 
     if args.dry_run:
@@ -344,6 +346,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fedsync.kernels.ordered_sums import LANES
 
     report: dict[str, Any] = {
+        "benchmark": "gpu_codecs",
+        "provenance": provenance("python -m benchmarks.gpu_codecs", argv),
         "device": device_name(device),
         "dry_run": bool(args.dry_run),
         "torch": torch.__version__,
@@ -406,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("no CUDA device; use --dry-run to exercise the script on CPU", file=sys.stderr)
         return 2
-    report = run(args)
+    report = run(args, argv)
     if args.dry_run and args.out is None:
         print(json.dumps(report, indent=1)[:2000])
         return 0

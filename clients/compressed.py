@@ -47,6 +47,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 
 from fedsync.clients.ab_training import FactoredModel
 from fedsync.clients.faults import FaultInjector
+from fedsync.clients.frame_audit import audit_folder
+from fedsync.clients.frame_audit import record as record_frame
 from fedsync.clients.live_state import LIVE, keeps_live_state
 from fedsync.clients.state_store import CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
@@ -140,7 +142,8 @@ def encode_uplink(
     The codec's random choices are seeded by the run's seed and ``partition_id``; node
     config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clients.state_store`),
     node config ``fault`` corrupts the frame (deployment tests,
-    :mod:`fedsync.clients.faults`).
+    :mod:`fedsync.clients.faults`). With ``FEDSYNC_FRAME_AUDIT`` set, each encode's inputs
+    and frame are recorded for replay on another device (:mod:`fedsync.clients.frame_audit`).
     """
     # Both ends know the model: frames carry its schema digest, not its tensor table.
     codec = UpdateCodec(
@@ -159,7 +162,21 @@ def encode_uplink(
     key = (context.run_id, context.node_id, partition_id, task.job)
     if not (live and LIVE.take(key, context, codec)):
         _load_codec_state(codec, context, store, specs)
+    audit = audit_folder() if masks is None else None
+    before = codec.to_state() if audit is not None else None
     uplink = codec.encode(delta)
+    if audit is not None and before is not None:
+        record_frame(
+            audit,
+            name=f"node{context.node_id}-p{partition_id}-v{task.version}-s{task.task_seed}",
+            spec=task.uplink_codec,
+            seed=codec.seed,
+            update=delta,
+            before=before,
+            after=codec.to_state(),
+            frame=uplink,
+            state_device=str(device) if live else "cpu",
+        )
     _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)

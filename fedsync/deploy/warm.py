@@ -10,6 +10,7 @@ in one long-lived process. All of a node's processes share the node's process gr
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,9 @@ class WarmLocalDeployment(LocalDeployment):
         """Start the node (SuperNode and executor) with this checkout importable."""
         name = name or f"supernode-{index}"
         env = self.link.env()
-        env["PYTHONPATH"] = str(ROOT)
+        # This checkout first; what the caller's PYTHONPATH holds (packages installed
+        # with ``pip --target``, say) stays importable after it.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         return start_process(
             name,
             self.supernode_command(index, key=key),

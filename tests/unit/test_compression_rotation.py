@@ -204,6 +204,7 @@ def test_everything_stays_on_the_values_device() -> None:
     assert rademacher_signs(1, 3, 50, "meta").device.type == "meta"
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_rotates_bit_for_bit_as_the_cpu() -> None:
     x = torch.randn(70_001, generator=torch.Generator().manual_seed(2))

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,9 +35,15 @@ from fedsync.server.journal import RunJournal
 from fedsync.updates import TensorSpec
 from fedsync.wire.mask import decode_masks
 
-CUDA = pytest.mark.skipif(
+_NO_CUDA = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)"
 )
+
+
+def CUDA(test: Callable[..., None]) -> Callable[..., None]:
+    """Marks a test ``gpu`` (``pytest -m gpu`` selects it) and skips it without CUDA."""
+    return pytest.mark.gpu(_NO_CUDA(test))  # type: ignore[no-any-return]
+
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "embed.weight": (256, 64),
