@@ -131,6 +131,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
                 "-m",
                 "pytest",
                 "-q",
+                "-s",  # the tests' own lines (measured rounding errors) go to the log
                 "-m",
                 "gpu",
                 "-p",

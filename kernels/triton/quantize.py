@@ -55,7 +55,7 @@ def _rint(q):
     return r + up.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["levels"])  # levels == 1 (one bit) must stay a tensor
 def _uniform_quantize(v_ptr, n, chunk, levels, codes_ptr, mins_ptr, scales_ptr, TILE: tl.constexpr):
     c = tl.program_id(0).to(tl.int64)
     start = c * chunk
@@ -115,7 +115,7 @@ def _uniform24(seed, i):
     return (tl.randint(seed, i) >> 8).to(tl.float32) * 5.9604644775390625e-08
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _qsgd_codes(v_ptr, n, chunk, norms_ptr, seed, s, codes_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
@@ -139,7 +139,7 @@ def _qsgd_dequantize(codes_ptr, norms_ptr, n, chunk, s, out_ptr, BLOCK: tl.const
     tl.store(out_ptr + i, (code >> 1).to(tl.float32) * step * sign, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _ternary_codes(v_ptr, n, scale, seed, codes_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n

@@ -107,7 +107,7 @@ def _gather_regions(
     tl.store(out_val + dst, tl.load(val_ptr + src, mask=m), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # seed == 1 must stay a tensor
 def _stratified_abs(x_ptr, n, s, q, r, seed, pos_ptr, abs_ptr, BLOCK: tl.constexpr):
     """Stratum ``i``'s draw, its position and ``|x|`` there.
 

@@ -74,17 +74,23 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
             cpu_s.sample_positions(n, 10_000, 99),
         ),
     )
-    check(
-        "stratified sample",
-        lambda: _same(
-            host(select.stratified_positions(xd, 10_000, 99)[0]),
-            cpu_s.stratified_positions(n, 10_000, 99),
-        ),
-    )
+    # Seed 1 too: the compiler turns an integer argument equal to 1 into a constant
+    # unless the kernel says not to (``do_not_specialize``); the interpreter never does.
+    for seed in (99, 1):
+        check(
+            f"stratified sample seed={seed}",
+            partial(
+                lambda seed: _same(
+                    host(select.stratified_positions(xd, 10_000, seed)[0]),
+                    cpu_s.stratified_positions(n, 10_000, seed),
+                ),
+                seed,
+            ),
+        )
     check("abs_moments", lambda: reduce.abs_moments(xd) == ordered.ordered_abs_moments(x))
     kept = x[np.abs(x) > 2.0]
     kd = torch.from_numpy(kept).to(device)
-    for bits, chunk in ((8, 1024), (4, 1024), (2, 100)):
+    for bits, chunk in ((8, 1024), (4, 1024), (2, 100), (1, 64)):
 
         def uni(bits: int = bits, chunk: int = chunk) -> bool:
             got = quantize.uniform_quantize(kd, bits, chunk)
@@ -95,25 +101,31 @@ def run_checks(device: str = "cuda", n: int = 1_000_003, seed: int = 0) -> list[
             )
 
         check(f"uniform bits={bits} chunk={chunk}", uni)
-    for levels in (7, 127, 1000):
+    for levels, seed in ((7, 123456789), (127, 1), (1000, 123456789)):
 
-        def qsgd(levels: int = levels) -> bool:
-            codes, norms = quantize.qsgd_quantize(kd, levels, 512, 123456789)
-            ref_codes, ref_norms = cpu_q.qsgd_quantize(kept, levels, 512, 123456789)
+        def qsgd(levels: int = levels, seed: int = seed) -> bool:
+            codes, norms = quantize.qsgd_quantize(kd, levels, 512, seed)
+            ref_codes, ref_norms = cpu_q.qsgd_quantize(kept, levels, 512, seed)
             got = host(codes)
             got = got.view(np.uint16) if got.dtype == np.int16 else got
             return _same(got, ref_codes) and _same(host(norms), ref_norms)
 
-        check(f"qsgd levels={levels}", qsgd)
-    check(
-        "ternary",
-        lambda: all(
-            _same(np.asarray(host(a) if isinstance(a, torch.Tensor) else a), np.asarray(b))
-            for a, b in zip(
-                quantize.ternary_quantize(kd, 5), cpu_q.ternary_quantize(kept, 5), strict=True
-            )
-        ),
-    )
+        check(f"qsgd levels={levels} seed={seed}", qsgd)
+    for seed in (5, 1):
+        check(
+            f"ternary seed={seed}",
+            partial(
+                lambda seed: all(
+                    _same(np.asarray(host(a) if isinstance(a, torch.Tensor) else a), np.asarray(b))
+                    for a, b in zip(
+                        quantize.ternary_quantize(kd, seed),
+                        cpu_q.ternary_quantize(kept, seed),
+                        strict=True,
+                    )
+                ),
+                seed,
+            ),
+        )
     check(
         "sign",
         lambda: all(

@@ -35,6 +35,7 @@ from fedsync.compression.spec import parse_spec
 from fedsync.kernels import dispatch
 from fedsync.kernels import triton as kt
 from fedsync.kernels.bitpack import pack_bits
+from fedsync.updates import densify
 from fedsync.wire import encode_frame
 from tests.unit.frame_golden import GOLDEN, GOLDEN_SPECS, STEPS, digest, golden_update
 
@@ -332,11 +333,46 @@ def test_device_codes_that_break_the_contract_are_refused() -> None:
 # --------------------------------------------------------------------------------------
 
 
+MATMUL_STAGES = ("powersgd", "dct")
+"""Stages that multiply matrices: a GPU's matrix product sums in another order than the
+CPU's, so their frames match the CPU's to rounding, not bit for bit (docs/gpu.md)."""
+
+
+def _matmul(spec: str) -> bool:
+    return spec.split(":")[0].split("+")[0] in MATMUL_STAGES
+
+
+def _assert_close_to_the_cpu(spec: str, got: list[bytes], tolerance: float = 1e-3) -> None:
+    """Every frame decodes to the CPU frame's update within ``tolerance`` (relative norm)."""
+    want = _frames(spec)
+    codec = UpdateCodec(spec, seed=7)
+    errors = []
+    for mine, theirs in zip(got, want, strict=True):
+        a, b = densify(codec.decode(mine)), densify(codec.decode(theirs))
+        num = sum(float((a[k] - b[k]).norm()) ** 2 for k in b) ** 0.5
+        den = sum(float(b[k].norm()) ** 2 for k in b) ** 0.5
+        errors.append(num / den)
+    print(f"{spec}: relative error per step {[f'{e:.2e}' for e in errors]}")
+    assert max(errors) <= tolerance, errors
+
+
+@pytest.mark.parametrize("spec", [s for s in GOLDEN_SPECS if _matmul(s)])
+def test_the_rounding_check_passes_the_cpus_frames_and_fails_others(spec: str) -> None:
+    frames = _frames(spec)
+    _assert_close_to_the_cpu(spec, frames)
+    with pytest.raises(AssertionError):
+        _assert_close_to_the_cpu(spec, frames[1:] + frames[:1])  # each step's another's
+
+
 @needs_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", GOLDEN_SPECS)
 def test_cuda_writes_the_golden_frames(spec: str) -> None:
-    assert digest(_frames(spec, "cuda")) == WANT[spec]
+    got = _frames(spec, "cuda")
+    if _matmul(spec):
+        _assert_close_to_the_cpu(spec, got)
+    else:
+        assert digest(got) == WANT[spec]
 
 
 @needs_cuda
@@ -346,7 +382,10 @@ def test_cuda_update_stays_on_the_device_up_to_the_frame(
     spec: str, transfers: HostTransfers
 ) -> None:
     got = _frames(spec, "cuda")
-    assert digest(got) == WANT.get(spec, digest(_reference(spec)))
+    if _matmul(spec):
+        _assert_close_to_the_cpu(spec, got)
+    else:
+        assert digest(got) == WANT.get(spec, digest(_reference(spec)))
     transfers.calls.clear()
     _frames(spec, "cuda")
     # As interpreted: only the fixed-order sums' lane partials may cross early.
