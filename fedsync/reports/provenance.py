@@ -28,9 +28,13 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 def git_commit(root: Path | None = None) -> str | None:
     """The short hash of ``HEAD`` in ``root``'s checkout, with ``+dirty`` when a tracked
-    file differs from it. Outside a git checkout, the commit ``FEDSYNC_COMMIT`` names (a
-    copy of the tree sent to another machine, :mod:`benchmarks.gpu_check`, says which
-    commit it was copied from), else ``None`` (an installed package)."""
+    file differs from it; ``None`` outside a git checkout (an installed package).
+
+    ``FEDSYNC_COMMIT``, when set, is returned instead: a copy of the tree sent to another
+    machine (:mod:`benchmarks.gpu_check`) names the commit it was copied from, since the
+    copy's own ``.git`` (if any travelled) may be older than its files."""
+    if named := os.environ.get("FEDSYNC_COMMIT"):
+        return named
     cwd = root or _ROOT
 
     def git(*args: str) -> str:
@@ -42,7 +46,7 @@ def git_commit(root: Path | None = None) -> str | None:
         head = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("FEDSYNC_COMMIT") or None
+        return None
     return (head + "+dirty" if dirty else head) or None
 
 

@@ -109,13 +109,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
 DIGESTS = {
     "teasq-delta": "a9a2bbbc839132aca98b61afa2467f6bd17b6bb5cc13c16efae24dd05baada26",
     "fedbuff-pruned-nesterov": "c157cafbb65065467e21433a446c140addd0e9710a62d89d3529e5debcf363c1",
-    "fedasync-mix-adam-sign": "1dcca5211899f73a2d6e2376419e69f428e53ba8b067ee74ee69117bc7e24f1d",
+    "fedasync-mix-adam-sign": "da40d9769ed762933609519754b34d39c49346178c7543f162cdc909725917d1",
     "fedbuff-powersgd-momentum": "81d9b4dcf20118526633209e8bd88a7ad944fe3ed9b84cd4475c922a2f39cc7b",
     "fedbuff-dense": "f9853bf12aa8df63b14b734e6ec477cf07422f289e559bb83b9a5b34bba5ba38",
     "fedbuff-sparse": "f3f545be72b8a2e2683308e751438c1f0726f1788510e86301322f1944d2d8ad",
 }
 """SHA-256 of :func:`drive` per setting, written by the engine before ``server-device``
-(every tensor then on the host): CPU runs must keep these bits."""
+(every tensor then on the host): CPU runs must keep these bits. Adam's was rewritten
+when its root became correctly rounded: it is the digest an H100 wrote before that
+change (the GPU's float32 root was already exact; the CPU's was not)."""
 
 
 class _Digest:
