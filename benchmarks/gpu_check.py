@@ -33,6 +33,8 @@ out is recorded and the next one runs:
     those records re-encoded on the CPU: each frame and error-feedback state byte-equal;
 ``profile``
     :mod:`benchmarks.gpu_task_profile`: one task's phases and the host copies each makes;
+``rounding``
+    :mod:`benchmarks.gpu_rounding`: which torch ops give the GPU other bits than the CPU;
 ``cpu-deploy``
     the same deployment with the node and server on the CPU, for the overhead side by side.
 
@@ -199,6 +201,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
         ),
     ]
     if cuda:
+        steps.append(Step("rounding", [py, "-m", "benchmarks.gpu_rounding"], 60, interpret))
         steps.append(
             Step(
                 "cpu-deploy",

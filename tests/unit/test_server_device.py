@@ -42,7 +42,7 @@ _NO_CUDA = pytest.mark.skipif(
 
 def CUDA(test: Callable[..., None]) -> Callable[..., None]:
     """Marks a test ``gpu`` (``pytest -m gpu`` selects it) and skips it without CUDA."""
-    return pytest.mark.gpu(_NO_CUDA(test))  # type: ignore[no-any-return]
+    return pytest.mark.gpu(_NO_CUDA(test))
 
 
 SHAPES: dict[str, tuple[int, ...]] = {
