@@ -44,8 +44,10 @@ lines (node config ``timing-log``) into:
 
 Overhead = round trip - training - download - upload (everything but training and the
 bytes on the wire). The machine is shared and noisy: medians and min/max are reported.
-With ``--soak S`` only the ``--soak-mode`` path runs, for ``S`` seconds, sampling every
-node's RSS (all processes of its process group) to show it stays flat.
+``--device`` puts every node on a device (``cuda``: training, delta and codec there) and
+``--set KEY=VALUE`` sets run-config keys on top of the benchmark's (``server-device``, the
+codecs, ``seed``). With ``--soak S`` only the ``--soak-mode`` path runs, for ``S`` seconds,
+sampling every node's RSS (all processes of its process group) to show it stays flat.
 
 The JSON's ``provenance`` (:func:`fedsync.reports.provenance.provenance`) names the
 command, commit, date and machine, with the load average at the start and, as

@@ -40,7 +40,8 @@ out is recorded and the next one runs:
 
 Writes ``OUT/gpu_check.json`` (each step's status, seconds, command and the tail of its
 log), the steps' JSON, a plot ``OUT/gpu_check.png``, and ``OUT/logs.tar.gz`` (full logs,
-traces). Exit status 0 when every step passed, 1 otherwise.
+frame records, traces). Exit status 0 when every step passed, 1 otherwise. A rerun with
+``--only`` starts from a fresh ``OUT/work``: ``frames`` needs ``deploy`` in the same run.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fedsync.deploy.proctree import descendants, terminate_pids
+from fedsync.reports.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,13 +93,9 @@ class Step:
     tail: str = ""
 
 
-def _python() -> str:
-    return sys.executable
-
-
 def plan(out: Path, device: str, quick: bool) -> list[Step]:
     """The steps for ``device`` (``quick``: the CPU dry run's sizes)."""
-    py = _python()
+    py = sys.executable
     cuda = device.startswith("cuda")
     work = out / "work"
     audit = work / "frames"
@@ -140,7 +140,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
                 "no:cacheprovider",
                 "-o",
                 "addopts=-ra",
-                "--timeout=300",
+                "--timeout=170",
                 *GPU_TEST_MODULES,
                 "--deselect",
                 "tests/unit/test_triton_gpu.py::test_compiled_kernels_match_the_cpu_bit_for_bit",
@@ -246,7 +246,9 @@ def run_step(step: Step, logs: Path, deadline: float) -> None:
             step.returncode = process.wait(timeout=min(step.timeout, left))
             step.status = "passed" if step.returncode == 0 else "failed"
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
+            # The step's Flower processes run in sessions of their own: stop every
+            # descendant, politely first, so no SuperLink outlives its step.
+            terminate_pids([process.pid, *descendants(process.pid)], grace=10.0)
             process.wait()
             step.status = "timed out"
     step.seconds = round(time.monotonic() - started, 1)
@@ -263,7 +265,7 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "commit": os.environ.get("FEDSYNC_COMMIT"),
+        "commit": git_commit(),
         "device": device,
     }
     try:

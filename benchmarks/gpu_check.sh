@@ -11,8 +11,15 @@
 # FEDSYNC_COMMIT names the commit the tree was copied from (a copy without .git);
 # FEDSYNC_GPU_WHEELS the wheel folder (default .whl); PYTHON the interpreter (python3).
 set -u
-cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+if [ "${1:-}" != "--fetch-wheels" ]; then
+    case "${1:-}" in
+        "" | -*) echo "usage: benchmarks/gpu_check.sh OUT [ARGS...] | --fetch-wheels" >&2; exit 2 ;;
+    esac
+    mkdir -p -- "$1" && out=$(cd -- "$1" && pwd) || exit 1  # OUT as given, before the cd
+    shift
+fi
+cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--fetch-wheels" ]; then
     exec "$python" -m pip download --isolated --no-deps --only-binary=:all: \
         --python-version 3.12 --implementation cp \
@@ -22,13 +29,11 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
         --platform manylinux_2_5_x86_64 \
         -d .whl -r benchmarks/gpu_wheels.txt
 fi
-out=${1:?usage: benchmarks/gpu_check.sh OUT [ARGS...] | --fetch-wheels}
-shift
-mkdir -p "$out"
 wheels=${FEDSYNC_GPU_WHEELS:-.whl}
 if ls "$wheels"/*.whl >/dev/null 2>&1; then
-    # Installed beside the image's packages, not over them; a failure is reported by the
-    # steps that need Flower, and the kernel steps still run.
+    # On PYTHONPATH, so these versions come before the image's own copies of the same
+    # packages; a failure is reported by the steps that need Flower, and the kernel steps
+    # still run.
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$wheels"/*.whl || echo "installing the carried wheels failed" >&2
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -15,7 +15,9 @@ Run on a CUDA machine::
     Adam or PowerSGD), the first server-optimizer step whose inputs or outputs differ
     between a CPU and a CUDA engine, with the largest difference.
 
-Needs a CUDA device; a diagnostic, not a check (``gpu_check``'s tests are the check).
+Needs a CUDA device, and pytest and the repository root (the engine trace reuses the test's
+schedule); a diagnostic, not a check (``gpu_check``'s tests are the check). The committed
+survey was written by its first version, with the same ops and another print format.
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}")
     for name, count in op_survey().items():
-        print(f"op {name:24s} differs at {count} of 100003")
+        print(f"op {name:24s} differs in {count} of 100003 values")
     for name in args.settings:
         print(engine_trace(name))
     return 0

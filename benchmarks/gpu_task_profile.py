@@ -5,7 +5,8 @@ The task is what fedsync's ClientApp does for a compressed train task, with the 
 config's defaults (digits, its model, the default uplink codec), on ``--device``:
 
 ``data``
-    the node's partition onto the device;
+    the node's partition onto the device (training copies it again itself: the ClientApp's
+    path, which the profile shows as it is);
 ``model``
     the model built and the task's start weights loaded onto the device;
 ``train``
@@ -134,7 +135,7 @@ def run_task(
 
     def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         model = model_for(settings).to(device)
-        model.load_state_dict(start_state, strict=False)
+        model.load_state_dict(start_state, strict=False)  # float tensors only: no buffers
         return model, {k: v.to(device) for k, v in start_state.items()}
 
     model, start = step("model", build)
@@ -162,10 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tasks", type=int, default=3, help="profiled tasks after the warm-up")
+    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--spec", default="", help="uplink codec (default: the run config's)")
     parser.add_argument("--traces", type=Path, default=None, help="keep the chrome traces here")
-    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.tasks < 1:
+        parser.error("--tasks must be at least 1")
     device = torch.device(args.device)
     config = RunConfig.from_run_config({})
     spec = args.spec or config.compression.schedule(decaying=False).spec(0)

@@ -40,10 +40,12 @@ trained factor's delta for each factored tensor.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from logging import WARNING
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.common.logger import log
 
 from fedsync.clients.ab_training import FactoredModel
 from fedsync.clients.faults import FaultInjector
@@ -166,17 +168,21 @@ def encode_uplink(
     before = codec.to_state() if audit is not None else None
     uplink = codec.encode(delta)
     if audit is not None and before is not None:
-        record_frame(
-            audit,
-            name=f"node{context.node_id}-p{partition_id}-v{task.version}-s{task.task_seed}",
-            spec=task.uplink_codec,
-            seed=codec.seed,
-            update=delta,
-            before=before,
-            after=codec.to_state(),
-            frame=uplink,
-            state_device=str(device) if live else "cpu",
-        )
+        try:
+            record_frame(
+                audit,
+                name=f"run{context.run_id}-{task.job}-node{context.node_id}-p{partition_id}"
+                f"-v{task.version:06d}-s{task.task_seed}",
+                spec=task.uplink_codec,
+                seed=codec.seed,
+                update=delta,
+                before=before,
+                after=codec.to_state(),
+                frame=uplink,
+                state_device=str(device) if live else "cpu",
+            )
+        except (OSError, ValueError) as err:  # a diagnostic: the task goes on without it
+            log(WARNING, "[fedsync] frame audit: could not record this encode: %s", err)
     _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)

@@ -14,7 +14,10 @@ and checks that the frame and the state after it are byte-equal to the node's. E
 0 when all are, 1 when any differs, 2 when the folder holds no record.
 
 Recording costs a host copy of the update and of the codec state per task: leave the
-variable unset in production. Tasks of a pruned run (masks) are not recorded.
+variable unset in production. Tasks of a pruned run (masks) are not recorded, and a record
+that cannot be written is logged and skipped (the task goes on). Stages that multiply
+matrices (``powersgd``, ``dct``) match the CPU only to rounding on a GPU
+(``docs/gpu.md``): their replays differ by design.
 """
 
 from __future__ import annotations
@@ -39,7 +42,18 @@ ENV = "FEDSYNC_FRAME_AUDIT"
 
 
 def audit_folder() -> Path | None:
-    """The folder :data:`ENV` names, created if missing; ``None`` when it is unset."""
+    """The folder :data:`ENV` names, created if missing.
+
+    Returns
+    -------
+    pathlib.Path or None
+        ``None`` when the variable is unset or empty.
+
+    Raises
+    ------
+    OSError
+        When the folder cannot be created.
+    """
     value = os.environ.get(ENV, "")
     if not value:
         return None
@@ -64,10 +78,34 @@ def record(
     frame: bytes,
     state_device: str,
 ) -> Path:
-    """Write one encode's inputs and outputs to ``folder/<name>.npz``; return the path.
+    """Write one encode's inputs and outputs to ``folder/<name>.npz``.
 
-    ``before`` and ``after`` are :meth:`UpdateCodec.to_state` output around the encode;
-    ``state_device`` says where the node kept that state between tasks.
+    Parameters
+    ----------
+    folder : pathlib.Path
+        Where the record goes (written to a ``.part`` file, then renamed).
+    name : str
+        The record's file name without suffix.
+    spec, seed : str, int
+        The codec's spec and seed (:class:`~fedsync.codec.UpdateCodec`).
+    update : mapping of str to torch.Tensor
+        The update as the encoder got it (copied to the host).
+    before, after : mapping of str to numpy.ndarray
+        :meth:`UpdateCodec.to_state` output before and after the encode.
+    frame : bytes
+        What the encode wrote.
+    state_device : str
+        Where the node kept the codec state between tasks.
+
+    Returns
+    -------
+    pathlib.Path
+        The record's path.
+
+    Raises
+    ------
+    OSError
+        When the file cannot be written.
     """
     names = list(update)
     meta = {
@@ -85,15 +123,30 @@ def record(
     arrays.update({f"after/{k}": v for k, v in _host(after).items()})
     arrays["frame"] = np.frombuffer(frame, dtype=np.uint8)
     path = folder / f"{name}.npz"
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)  # type: ignore[arg-type]
-    tmp.replace(path)
+    part = folder / f"{name}.part"  # not *.npz: a half-written record is never replayed
+    with part.open("wb") as handle:
+        np.savez(handle, **arrays)  # type: ignore[arg-type]
+    part.replace(path)
     return path
 
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One record re-encoded here: whether the frame and the state after it match."""
+    """One record re-encoded here: whether the frame and the state after it match.
+
+    Attributes
+    ----------
+    record : str
+        The record's file name.
+    spec, update_device, state_device : str
+        The codec spec, and where the node's update and codec state were.
+    frame_bytes : int
+        The node's frame length.
+    frame_equal, state_equal : bool
+        Byte-equal frame; byte-equal codec state after the encode.
+    detail : str
+        Where they differ (or why the record could not be replayed).
+    """
 
     record: str
     spec: str
@@ -116,7 +169,20 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def replay(path: Path, device: str = "cpu") -> ReplayResult:
-    """Re-encode the record at ``path`` on ``device`` and compare it with the node's."""
+    """Re-encode the record at ``path`` on ``device`` and compare it with the node's.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A record :func:`record` wrote.
+    device : str
+        Where to re-encode.
+
+    Returns
+    -------
+    ReplayResult
+        Whether the frame and the codec state after it are byte-equal.
+    """
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(str(data["meta"]))
         groups: dict[str, dict[str, np.ndarray]] = {"update": {}, "before": {}, "after": {}}
@@ -158,8 +224,15 @@ def replay(path: Path, device: str = "cpu") -> ReplayResult:
 
 
 def replay_folder(folder: Path, device: str = "cpu") -> list[ReplayResult]:
-    """:func:`replay` every record in ``folder``, in name order."""
-    return [replay(path, device) for path in sorted(folder.glob("*.npz"))]
+    """:func:`replay` every record in ``folder``, in name order; a record that cannot be
+    read or re-encoded is a failed result that says why."""
+    results = []
+    for path in sorted(folder.glob("*.npz")):
+        try:
+            results.append(replay(path, device))
+        except Exception as err:  # one bad record must not hide the others
+            results.append(ReplayResult(path.name, "?", "?", "?", 0, False, False, repr(err)))
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -287,12 +287,13 @@ class ServerAdam(ServerOptimizer):
         m = torch.zeros_like(delta) if m is None else m.to(delta.device)
         v = torch.zeros_like(delta) if v is None else v.to(delta.device)
         m.mul_(self.beta1).add_(delta, alpha=1.0 - self.beta1)
-        v.mul_(self.beta2).addcmul_(delta, delta, value=1.0 - self.beta2)
+        # Not addcmul_: CUDA fuses its multiply-add, the CPU does not (other bits).
+        v.mul_(self.beta2).add_((delta * delta).mul_(1.0 - self.beta2))
         self._m[name], self._v[name] = m, v
         # torch's float32 sqrt on the CPU is not correctly rounded (0.7 % of values off by
         # an ulp, where an H100's were exact): float64's root rounded to float32 is the
         # correctly rounded float32 root, the same bits on every device.
-        root = v.to(torch.float64).sqrt_().to(torch.float32)
+        root = torch.sqrt(v.to(torch.float64)).to(torch.float32)
         direction = m / (root + self.tau)
         if self.bias_correction:
             t = self.steps

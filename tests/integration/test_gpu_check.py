@@ -19,7 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.timeout(900)
+pytest.importorskip("triton")  # the self-check step needs it (Linux x86-64 only)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_every_step_of_the_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:

@@ -68,3 +68,12 @@ def test_the_command_fails_on_an_empty_folder_and_on_a_mismatch(tmp_path: Path) 
 def test_nothing_is_recorded_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(frame_audit.ENV, raising=False)
     assert frame_audit.audit_folder() is None
+
+
+def test_a_broken_record_fails_alone_and_a_half_written_one_is_not_read(tmp_path: Path) -> None:
+    _record(tmp_path)
+    (tmp_path / "broken.npz").write_bytes(b"not a zip")
+    (tmp_path / "half.part").write_bytes(b"PK")
+    results = frame_audit.replay_folder(tmp_path)
+    assert [r.record for r in results] == ["broken.npz", "task.npz"]
+    assert not results[0].ok and results[0].detail and results[1].ok
