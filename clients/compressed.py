@@ -49,7 +49,7 @@ from flwr.common.logger import log
 
 from fedsync.clients.ab_training import FactoredModel
 from fedsync.clients.faults import FaultInjector
-from fedsync.clients.frame_audit import audit_folder
+from fedsync.clients.frame_audit import audit_folder, safe_name
 from fedsync.clients.frame_audit import record as record_frame
 from fedsync.clients.live_state import LIVE, keeps_live_state
 from fedsync.clients.state_store import CodecStateStore
@@ -171,8 +171,8 @@ def encode_uplink(
         try:
             record_frame(
                 audit,
-                name=f"run{context.run_id}-{task.job}-node{context.node_id}-p{partition_id}"
-                f"-v{task.version:06d}-s{task.task_seed}",
+                name=f"run{context.run_id}-{safe_name(task.job)}-node{context.node_id}"
+                f"-p{partition_id}-v{task.version:06d}-s{task.task_seed}",
                 spec=task.uplink_codec,
                 seed=codec.seed,
                 update=delta,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -35,7 +36,15 @@ import torch
 
 from fedsync.codec import UpdateCodec, specs_of
 
-__all__ = ["ENV", "ReplayResult", "audit_folder", "record", "replay", "replay_folder"]
+__all__ = [
+    "ENV",
+    "ReplayResult",
+    "audit_folder",
+    "record",
+    "replay",
+    "replay_folder",
+    "safe_name",
+]
 
 ENV = "FEDSYNC_FRAME_AUDIT"
 """The environment variable naming the folder records go to (unset: nothing recorded)."""
@@ -60,6 +69,11 @@ def audit_folder() -> Path | None:
     folder = Path(value)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character but letters, digits, ``.``, ``_`` and ``-`` made ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
 
 
 def _host(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

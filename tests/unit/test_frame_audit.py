@@ -77,3 +77,8 @@ def test_a_broken_record_fails_alone_and_a_half_written_one_is_not_read(tmp_path
     results = frame_audit.replay_folder(tmp_path)
     assert [r.record for r in results] == ["broken.npz", "task.npz"]
     assert not results[0].ok and results[0].detail and results[1].ok
+
+
+def test_a_job_name_becomes_a_safe_file_name() -> None:
+    assert frame_audit.safe_name("my job/1:x") == "my_job_1_x"
+    assert frame_audit.safe_name("") == "_"
