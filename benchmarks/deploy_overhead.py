@@ -45,9 +45,10 @@ lines (node config ``timing-log``) into:
 Overhead = round trip - training - download - upload (everything but training and the
 bytes on the wire). The machine is shared and noisy: medians and min/max are reported.
 ``--device`` puts every node on a device (``cuda``: training, delta and codec there) and
-``--set KEY=VALUE`` sets run-config keys on top of the benchmark's (``server-device``, the
-codecs, ``seed``). With ``--soak S`` only the ``--soak-mode`` path runs, for ``S`` seconds,
-sampling every node's RSS (all processes of its process group) to show it stays flat.
+``--run-config KEY=VALUE`` (alias ``--set``; ``flwr run``'s syntax) sets run-config keys on
+top of the benchmark's (``server-device``, the codecs, ``seed``). With ``--soak S`` only the
+``--soak-mode`` path runs, for ``S`` seconds, sampling every node's RSS (all processes of
+its process group) to show it stays flat.
 
 The JSON's ``provenance`` (:func:`fedsync.reports.provenance.provenance`) names the
 command, commit, date and machine, with the load average at the start and, as
@@ -63,10 +64,10 @@ import statistics
 import tempfile
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from fedsync.compat.flower139 import parse_config_args
 from fedsync.deploy import LocalDeployment
 from fedsync.deploy.processes import read_timestamped_log
 from fedsync.deploy.timing import parse_supernode_log
@@ -374,20 +375,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def parse_settings(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs, each value a TOML value (a bare word is taken as a string)."""
-    settings: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            settings[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            settings[key] = value
-    return settings
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line: see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -401,15 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-classes", default="laptop-x86,jetson-orin")
     parser.add_argument("--device", default="cpu", help="every node's device (cpu, cuda)")
     parser.add_argument(
+        "--run-config",
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help='a run-config key on top of the benchmark\'s (TOML value), e.g. server-device="cuda"',
+        help="run-config keys on top of the benchmark's, in flwr run's syntax "
+        '(TOML values), e.g. server-device="cuda"',
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_overhead.json")
     args = parser.parse_args(argv)
-    settings = parse_settings(args.set)
+    settings = parse_config_args(args.run_config)
     classes = [c for c in args.device_classes.split(",") if c]
     modes = [args.soak_mode] if args.soak > 0 else args.modes.split(",")
     if unknown := sorted(set(modes) - set(MODES)):

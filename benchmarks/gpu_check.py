@@ -56,6 +56,7 @@ import sys
 import tarfile
 import time
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,9 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
         deploy_tasks,
         "--device-classes",
         "",
-        "--set",
+        "--run-config",
         f'uplink-codec="{DEPLOY_CODEC}"',
-        "--set",
+        "--run-config",
         "seed=7",
     ]
     steps = [
@@ -160,7 +161,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
                 *deploy,
                 "--device",
                 device,
-                "--set",
+                "--run-config",
                 f'server-device="{device}"',
                 "--out",
                 str(out / "deploy.json"),
@@ -209,7 +210,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
                     *deploy,
                     "--device",
                     "cpu",
-                    "--set",
+                    "--run-config",
                     'server-device="cpu"',
                     "--out",
                     str(out / "deploy_cpu.json"),
@@ -285,10 +286,8 @@ def environment(device: str) -> dict[str, Any]:
         info["torch_error"] = repr(err)
     for package in ("triton", "flwr", "numba", "numpy"):
         try:
-            from importlib.metadata import version
-
             info[package] = version(package)
-        except Exception:
+        except PackageNotFoundError:
             info[package] = None
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(

@@ -5,12 +5,13 @@ The task is what fedsync's ClientApp does for a compressed train task, with the 
 config's defaults (digits, its model, the default uplink codec), on ``--device``:
 
 ``data``
-    the node's partition onto the device (training copies it again itself: the ClientApp's
-    path, which the profile shows as it is);
+    the node's partition (:meth:`fedsync.clients.runtime.ClientRuntime.data`; cached by the
+    loader after the warm-up task, as in a warm node);
 ``model``
     the model built and the task's start weights loaded onto the device;
 ``train``
-    local training (:func:`fedsync.models.training.train`);
+    local training as the ClientApp runs it
+    (:class:`fedsync.clients.runtime.LocalTraining`), the data's copy to the device included;
 ``delta``
     ``trained - start`` (:func:`fedsync.clients.compressed.uplink_delta`);
 ``encode``
@@ -41,11 +42,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fedsync.clients.compressed import uplink_delta
+from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
-from fedsync.models.training import as_tensors, train
 from fedsync.reports.provenance import provenance
-from fedsync.task import client_data, model_for, model_state, tensor_specs
+from fedsync.task import model_for, model_state, tensor_specs
 
 PHASES = ("data", "model", "train", "delta", "encode")
 
@@ -119,7 +120,8 @@ def run_task(
     index: int,
 ) -> dict[str, Any]:
     """One task; with ``folder``, each phase profiled (traces written there)."""
-    settings = config.training
+    # The node's view of the run, as the ClientApp builds it: partition 0 of 2.
+    runtime = ClientRuntime(config.training, config.compression, device, 0, 2, {})
     phases: dict[str, Any] = {}
 
     def step(name: str, fn: Callable[[], Any]) -> Any:
@@ -129,29 +131,16 @@ def run_task(
         phases[name] = {"seconds": seconds, **summary}
         return result
 
-    train_set, _ = client_data(settings, 0, 2)
-    start_state = model_state(model_for(settings))  # the task's start weights, on the host
-    data = step("data", lambda: (train_set, as_tensors(train_set, device)))[0]
+    data = step("data", lambda: runtime.data()[0])
+    start_state = model_state(runtime.fresh_model())  # the task's start weights, on the host
 
     def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-        model = model_for(settings).to(device)
+        model = runtime.fresh_model().to(device)
         model.load_state_dict(start_state, strict=False)  # float tensors only: no buffers
         return model, {k: v.to(device) for k, v in start_state.items()}
 
     model, start = step("model", build)
-    step(
-        "train",
-        lambda: train(
-            model,
-            data,
-            epochs=settings.local_epochs,
-            batch_size=settings.batch_size,
-            lr=settings.learning_rate,
-            momentum=settings.momentum,
-            device=device,
-            seed=index,
-        ),
-    )
+    step("train", lambda: LocalTraining.from_task({}, runtime).run(model, data, device))
     specs = tensor_specs(start_state)
     delta = step("delta", lambda: uplink_delta(model, start, specs))
     frame = step("encode", lambda: codec.encode(delta))
