@@ -88,6 +88,7 @@ TOTAL_BYTES = _megabytes("bytes_total_to_target", "MB total to target", "target"
 
 METRICS = (
     Metric("final_accuracy", "final acc", ("final_accuracy",)),
+    Metric("final_loss", "final loss", ("final_loss",)),
     Metric("sim_time_to_target", "sim s to target", ("target", "sim_time"), spec=".1f"),
     Metric(
         "sim_time_to_target_smoothed",
@@ -108,6 +109,8 @@ METRICS = (
         "total_bytes_ratio", "total-bytes ratio", ("ratios_vs_baseline", "total_bytes_to_target")
     ),
     Metric("time_ratio", "time ratio", ("ratios_vs_baseline", "time_to_target"), spec=".3f"),
+    _megabytes("bytes_up_run", "MB up (run)", "total_bytes_up"),
+    _megabytes("bytes_down_run", "MB down (run)", "total_bytes_down"),
 )
 """The headline numbers summarized over the seeds, in ``seeds.md``'s order."""
 
@@ -182,14 +185,27 @@ def fewer_of_means(
     return (mean_theirs / mean_mine, mean_mine, mean_theirs) if mean_mine > 0 else None
 
 
-def summarize(inputs: Sequence[tuple[Path, Mapping[str, Any]]]) -> dict[str, Any]:
+def summarize(
+    inputs: Sequence[tuple[Path, Mapping[str, Any]]], only: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The ``seeds.json`` document (less its ``provenance``) of :func:`read_inputs`'s
-    inputs; strategies in the order they first appear."""
+    inputs; strategies in the order they first appear, or those of ``only`` in its order.
+
+    Raises
+    ------
+    SeedsError
+        If a label of ``only`` is in no input.
+    """
     documents = [document for _, document in inputs]
     first = documents[0]
     metric = first.get("target_metric", "accuracy")
     by_seed = [{row["label"]: row for row in document["strategies"]} for document in documents]
     labels = list(dict.fromkeys(label for rows in by_seed for label in rows))
+    if only is not None:
+        missing = [label for label in only if label not in labels]
+        if missing:
+            raise SeedsError(f"no input has strategy {missing[0]!r}; they have {labels}")
+        labels = list(dict.fromkeys(only))
     strategies = []
     for label in labels:
         rows = [rows.get(label) for rows in by_seed]
@@ -288,13 +304,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("out", help="folder for seeds.json and seeds.md")
     parser.add_argument("dirs", nargs="+", help="comparison folders (comparison.json), one a seed")
+    parser.add_argument(
+        "--only", help="comma-separated strategy labels to summarize (default: every one)"
+    )
     args = parser.parse_args(argv)
+    only = [label for label in args.only.split(",") if label] if args.only else None
     try:
         inputs = read_inputs([Path(folder) for folder in args.dirs])
+        document = summarize(inputs, only)
     except SeedsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    document = summarize(inputs)
     document["provenance"] = provenance("python -m fedsync.simulations.seeds", argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

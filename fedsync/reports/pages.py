@@ -731,6 +731,13 @@ def _more_or_less(ratio: float, more: str, less: str) -> str:
 _TIME, _SMOOTHED = "sim_time_to_target", "sim_time_to_target_smoothed"
 _TOTAL, _FINAL = "bytes_total_to_target", "final_accuracy"
 _UP_DOWN = ("bytes_up_to_target", "bytes_down_to_target")
+_RUN = ("bytes_up_run", "bytes_down_run")
+
+
+def _seeds_final(result: Result) -> tuple[str, str]:
+    """The final quality's metric key and column heading: the test loss where the
+    target is a loss, else the accuracy."""
+    return ("final_loss", "final loss") if _is_loss(result) else (_FINAL, "final acc")
 
 
 def _seeds(result: Result) -> list[Any]:
@@ -861,8 +868,12 @@ def _render_seeds(result: Result) -> list[str]:
 def _seeds_table(result: Result, base: str) -> list[str]:
     """Each strategy over the seeds."""
     rows, count = _rows(result), len(_seeds(result))
-    head = ["strategy", "reached", "final acc", "sim s to target", "smoothed sim s to target"]
+    final, final_head = _seeds_final(result)
+    head = ["strategy", "reached", final_head, "sim s to target", "smoothed sim s to target"]
     head += ["MB total to target", "MB up to target", "MB down to target"]
+    whole = all(key in (row.get("metrics") or {}) for row in rows.values() for key in _RUN)
+    if whole:
+        head.append("MB total (run)")
     head += [f"fewer bytes than `{base}` (ratio of means)", "by seed"]
     head += [f"sooner than `{base}` (mean ratio)", "by seed"]
     table = []
@@ -871,11 +882,14 @@ def _seeds_table(result: Result, base: str) -> list[str]:
         cells = [f"`{label}`", f"{reached} of {count}"]
         if smoothed != reached:
             cells[-1] += f", smoothed {smoothed}"
-        cells.append(_spread(_stats(result, row, _FINAL), ".3f"))
+        cells.append(_spread(_stats(result, row, final), ".3f"))
         for key, spec, unit in ((_TIME, ".1f", 1), (_SMOOTHED, ".1f", 1), (_TOTAL, ".2f", 1e6)):
             stats = _stats(result, row, key)
             cells.append(_spread(stats, spec, unit) if stats["n"] else "not reached")
         cells += [_mb(_stats(result, row, key)["mean"]) for key in _UP_DOWN]
+        if whole:
+            means = [_stats(result, row, key)["mean"] for key in _RUN]
+            cells.append("-" if None in means else _mb(sum(means)))
         if base in rows:
             fewer = _fewer_of_means(result, row, rows[base], _TOTAL)
             sooner = _sooner_of_ratios(result, row, rows[base])
@@ -893,11 +907,12 @@ def _seeds_table(result: Result, base: str) -> list[str]:
 
 def _seeds_runs(result: Result) -> list[str]:
     """Every strategy under every seed."""
-    head = ["strategy", "seed", "final acc", "sim s to target", "smoothed sim s to target"]
+    final_key, final_head = _seeds_final(result)
+    head = ["strategy", "seed", final_head, "sim s to target", "smoothed sim s to target"]
     head.append("MB total to target")
     table = []
     for label, row in _rows(result).items():
-        columns = [_stats(result, row, key)["values"] for key in (_FINAL, _TIME, _SMOOTHED)]
+        columns = [_stats(result, row, key)["values"] for key in (final_key, _TIME, _SMOOTHED)]
         columns.append(
             [None if x is None else _mb(x) for x in _stats(result, row, _TOTAL)["values"]]
         )
@@ -1002,11 +1017,13 @@ def _headline_seeds(result: Result, headline: Mapping[str, Any]) -> str:
     head = f"`{label}` against `{other}` over {count} seeds"
     if short := "; ".join(filter(None, (_short(result, label), _short(result, other)))):
         head += f" ({short})"
-    finals = _pairs(result, row, than, _FINAL)
+    final_key = _seeds_final(result)[0]
+    finals = _pairs(result, row, than, final_key)
     mine, theirs = (
         _f(statistics.fmean(p[i] for p in finals) if finals else None, ".3f") for i in (1, 2)
     )
-    accuracy = f"final accuracy {mine} against {theirs} (means)"
+    quality = "test loss" if _is_loss(result) else "accuracy"
+    accuracy = f"final {quality} {mine} against {theirs} (means)"
     sooner, fewer = _sooner_of_ratios(result, row, than), _fewer_of_means(result, row, than, _TOTAL)
     if sooner is None or fewer is None:
         return f"{head}: no seed where both reached the target {metric}; {accuracy}."

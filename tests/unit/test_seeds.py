@@ -38,7 +38,12 @@ def _toy(seed: int) -> Scenario:
 def _run(label: str, *points: tuple[float, int, float], unit: int = 1) -> RunResult:
     """A completed run; every evaluation has sent twice its uplink bytes (in ``unit``) down."""
     series = [EvalPoint(t, up * unit, 2 * up * unit, acc) for t, up, acc in points]
-    summary = {"final_accuracy": series[-1].accuracy}
+    last = series[-1]
+    summary = {
+        "final_accuracy": last.accuracy,
+        "total_bytes_up": last.bytes_up,
+        "total_bytes_down": last.bytes_down,
+    }
     return RunResult(label, label, "finished:completed", 1.0, summary=summary, series=series)
 
 
@@ -280,19 +285,20 @@ def test_the_page_of_seeds_shows_their_spread_every_run_goals_and_headline(
     assert "trailing mean of the last 3 evaluations" in page
     head = (
         "| strategy | reached | final acc | sim s to target | smoothed sim s to target "
-        "| MB total to target | MB up to target | MB down to target "
+        "| MB total to target | MB up to target | MB down to target | MB total (run) "
         "| fewer bytes than `fedavg` (ratio of means) | by seed "
         "| sooner than `fedavg` (mean ratio) | by seed |"
     )
     assert head in page
     assert (
         "| `fedavg` | 2 of 2 | 0.820 (0.800-0.840) | 45.0 (40.0-50.0) | 90.0 (80.0-100.0) "
-        "| 13.50 (12.00-15.00) | 4.50 | 9.00 | 1.00x | 1.00-1.00x | 1.00x | 1.00-1.00x |"
+        "| 13.50 (12.00-15.00) | 4.50 | 9.00 | 27.00 | 1.00x | 1.00-1.00x | 1.00x | 1.00-1.00x |"
     ) in page
-    # 13.5 / 1.05 MB; 1 / the mean of the time ratios 1/8 and 1/5.
+    # 13.5 / 1.05 MB; 1 / the mean of the time ratios 1/8 and 1/5. The whole run: the
+    # mean of (0.4 + 0.8) and (1 + 2) MB.
     assert (
         "| `teasq` | 2 of 2 | 0.800 (0.780-0.820) | 7.5 (5.0-10.0) | 15.0 (10.0-20.0) "
-        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
+        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 2.10 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
     ) in page
     assert "\n- `teasq`: TEASQ mode\n" in page
     assert "| `teasq` | 1 | 0.820 | 10.0 | 20.0 | 1.50 |" in page
@@ -332,8 +338,8 @@ def test_a_row_that_missed_the_target_under_a_seed_misses_its_goals(tmp_path: Pa
     # The ratios are over seeds 0 and 1, where both reached the target.
     assert (
         "| `teasq` | 2 of 3 | 0.633 (0.300-0.820) | 7.5 (5.0-10.0) | 15.0 (10.0-20.0) "
-        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
-    ) in page
+        "| 1.05 (0.60-1.50) | 0.35 | 0.70 | 1.60 | 12.9x | 10.0-20.0x | 6.15x | 5.00-8.00x |"
+    ) in page  # the whole run over all three seeds: (1.2 + 3 + 0.6) / 3 MB
     assert "| `teasq` | 2 | 0.300 | not reached | not reached | not reached |" in page
     missed = "`teasq` reached the target under 2 of 3 seeds"
     assert [line.split(" | ")[1:] for line in _goal_lines(page)] == [
@@ -368,3 +374,26 @@ def test_a_malformed_seeds_goal_is_an_error(tmp_path: Path, goal: str, message: 
     _summarized(tmp_path, (0, 1))
     with pytest.raises(PagesError, match=message):
         _pages(tmp_path, manifest)
+
+
+def test_only_keeps_the_strategies_named_in_their_order_and_reads_the_final_loss(
+    tmp_path: Path,
+) -> None:
+    folders = _seed_dirs(tmp_path)
+    for loss, folder in zip((2.5, 2.0, 3.0), folders, strict=True):  # seeds 2, 0, 1
+        document = json.loads((folder / "comparison.json").read_text(encoding="utf-8"))
+        for row in document["strategies"]:
+            row["final_loss"] = loss if row["label"] == "teasq" else None
+        _write(folder, document)
+    document = summarize(read_inputs(folders), only=["teasq"])
+    assert [s["label"] for s in document["strategies"]] == ["teasq"]
+    assert document["strategies"][0]["metrics"]["final_loss"] == {
+        "values": [2.0, 3.0, 2.5],  # in seed order
+        "n": 3,
+        "mean": 2.5,
+        "min": 2.0,
+        "max": 3.0,
+    }
+    with pytest.raises(SeedsError, match="no input has strategy 'fedbuff'"):
+        summarize(read_inputs(folders), only=["teasq", "fedbuff"])
+    assert main([str(tmp_path / "out"), *map(str, folders), "--only", "fedbuff"]) == 2
