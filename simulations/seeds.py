@@ -7,15 +7,16 @@
     python -m fedsync.simulations.seeds results/ci-seeds results/ci-seed1 results/ci-seed2
 
 Reads ``comparison.json`` of every folder given (:mod:`fedsync.simulations.compare`): one
-comparison (:data:`SAME`), each folder under a seed of its own. Writes ``seeds.json`` and
-``seeds.md`` into ``OUT``: per strategy and headline metric (:data:`METRICS`) the value of
-every seed, in seed order, and the mean, minimum and maximum over the seeds that have one
-(``n`` of them: a run that did not reach the target, or a strategy a seed did not run, has
-none); and the ratio of means of the total bytes to the target, the baseline's over the
-strategy's, over the seeds where both reached the target (:func:`fewer_of_means`). Every
-seed fixes its own target from its own runs, and its ratios are against its own baseline
-run; ``inputs`` lists each folder with its seed, its target, and the
-commit, command, date and machine of its ``provenance``.
+comparison (:data:`SAME`), each folder under a seed of its own; ``--only a,b`` keeps those
+strategies (a seed's full comparison may hold rows the others did not run). Writes
+``seeds.json`` and ``seeds.md`` into ``OUT``: per strategy and headline metric
+(:data:`METRICS`) the value of every seed, in seed order, and the mean, minimum and
+maximum over the seeds that have one (``n`` of them: a run that did not reach the target,
+or a strategy a seed did not run, has none); and the ratio of means of the total bytes to
+the target, the baseline's over the strategy's, over the seeds where both reached the
+target (:func:`fewer_of_means`). Every seed fixes its own target from its own runs, and
+its ratios are against its own baseline run; ``inputs`` lists each folder with its seed,
+its target, and the commit, command, date and machine of its ``provenance``.
 """
 
 from __future__ import annotations
