@@ -46,7 +46,8 @@ from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.reports.provenance import provenance
-from fedsync.task import model_for, model_state, tensor_specs
+from fedsync.task import model_for, model_state
+from fedsync.updates import TensorSpec
 
 PHASES = ("data", "model", "train", "delta", "encode")
 
@@ -114,8 +115,8 @@ def _profiled(
 def run_task(
     device: torch.device,
     config: RunConfig,
-    spec: str,
     codec: UpdateCodec,
+    specs: dict[str, TensorSpec],
     folder: Path | None,
     index: int,
 ) -> dict[str, Any]:
@@ -141,7 +142,6 @@ def run_task(
 
     model, start = step("model", build)
     step("train", lambda: LocalTraining.from_task({}, runtime).run(model, data, device))
-    specs = tensor_specs(start_state)
     delta = step("delta", lambda: uplink_delta(model, start, specs))
     frame = step("encode", lambda: codec.encode(delta))
     return {"frame_bytes": len(frame), "phases": phases}
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = config.training
         specs = specs_of(model_state(model_for(settings)))
         codec = UpdateCodec(spec, seed=settings.seed, specs=specs)
-        run_task(device, config, spec, codec, None, 0)  # warm-up
-        tasks = [run_task(device, config, spec, codec, folder, i + 1) for i in range(args.tasks)]
+        run_task(device, config, codec, specs, None, 0)  # warm-up
+        tasks = [run_task(device, config, codec, specs, folder, i + 1) for i in range(args.tasks)]
     summary: dict[str, Any] = {}
     for name in PHASES:
         seconds = [t["phases"][name]["seconds"] for t in tasks]

@@ -1022,8 +1022,7 @@ def _headline_seeds(result: Result, headline: Mapping[str, Any]) -> str:
     mine, theirs = (
         _f(statistics.fmean(p[i] for p in finals) if finals else None, ".3f") for i in (1, 2)
     )
-    quality = "test loss" if _is_loss(result) else "accuracy"
-    accuracy = f"final {quality} {mine} against {theirs} (means)"
+    accuracy = f"final {metric} {mine} against {theirs} (means)"
     sooner, fewer = _sooner_of_ratios(result, row, than), _fewer_of_means(result, row, than, _TOTAL)
     if sooner is None or fewer is None:
         return f"{head}: no seed where both reached the target {metric}; {accuracy}."
