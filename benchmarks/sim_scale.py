@@ -27,10 +27,23 @@ What it reports (JSON under ``benchmarks/results/`` and a PNG of RSS over time):
   passing through the SuperLink, the Ray actor pool, the ServerApp's scheduling,
   aggregation and evaluation, and any time the actors sat idle. ``P`` is the number of
   ``ray::ClientAppActor`` processes the sampler saw.
+* **the same tasks with no Flower** (``--plain-tasks``, after the run): the ClientApp's
+  work for a task -- the node's partition, the downlink decoded, the model built and
+  loaded, local training, ``trained - start``, the uplink encoded with error feedback per
+  node -- in a plain loop on as many worker processes as the run had ClientApp actors,
+  one thread each, nodes drawn across the run's partitions. Its updates per second is
+  the physical limit of this machine for these tasks; ``plain_overhead_share = 1 -
+  run updates/s / plain updates/s`` is the simulator's share measured against it.
 * **RSS of every process** of the SuperLink's tree (SuperLink, ServerApp, simulation
   process, Ray's daemons and workers), sampled from ``/proc`` every ``--interval``
   seconds with the number of updates so far: peak, and the slope in MB per 1,000
   updates after warm-up (the first ``--warmup`` fraction of the updates).
+
+With ``--baseline-tree DIR`` (a checkout of an earlier commit, e.g. ``git worktree add
+/tmp/base <commit>``) the same command first runs that tree's own ``benchmarks.sim_scale``
+with the same nodes, updates and settings, its code on ``PYTHONPATH``, and the JSON keeps
+its figures as ``baseline`` with the ratios of this run's to them: old and new side by
+side on the same machine in one command.
 
 The machine may be shared: ``compute-seconds`` is wall-clock time inside the actor,
 so CPU taken by other processes inflates both client work and the loop; the share is
@@ -40,11 +53,14 @@ still the engine's cost on this machine under this load, not a clean-room figure
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,10 +71,14 @@ from typing import Any
 import torch
 
 from benchmarks.proc_sampler import TreeSampler, rss_report
-from fedsync.codec import UpdateCodec
+from fedsync.clients.compressed import uplink_delta
+from fedsync.clients.runtime import ClientRuntime, LocalTraining
+from fedsync.codec import UpdateCodec, specs_of
+from fedsync.config import RunConfig
 from fedsync.deploy import DeploymentError, LocalSuperLink
 from fedsync.models.registry import build_model
-from fedsync.task import model_state, tensor_specs
+from fedsync.reports.provenance import git_commit, provenance
+from fedsync.task import model_for, model_state, tensor_specs
 from fedsync.updates import densify
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -193,6 +213,121 @@ def loop_figures(
     }
 
 
+def _plain_worker(
+    run_config: dict[str, Any], nodes: int, partitions: list[int], uplink: str, downlink: str
+) -> tuple[float, int]:
+    """One worker of :func:`plain_tasks`: its tasks' seconds (after one warm-up task) and
+    count. One thread, as a ClientApp actor with one CPU."""
+    torch.set_num_threads(1)
+    config = RunConfig.from_run_config(run_config)
+    device = torch.device("cpu")
+    specs = specs_of(model_state(model_for(config.training)))
+    frame = UpdateCodec(downlink, specs=specs).encode(model_state(model_for(config.training)))
+    encoders: dict[int, UpdateCodec] = {}  # error feedback per node, as each node keeps it
+
+    def task(partition: int) -> None:
+        runtime = ClientRuntime(config.training, config.compression, device, partition, nodes, {})
+        train = runtime.data()[0]
+        start = densify(UpdateCodec().decode(frame, expected=specs))
+        model = runtime.fresh_model()
+        model.load_state_dict(start, strict=False)
+        LocalTraining.from_task({}, runtime).run(model, train, device)
+        encoder = encoders.setdefault(partition, UpdateCodec(uplink, seed=partition, specs=specs))
+        encoder.encode(uplink_delta(model, start, specs))
+
+    task(partitions[0])  # imports, the dataset file, first-call costs
+    started = time.perf_counter()
+    for partition in partitions[1:]:
+        task(partition)
+    return time.perf_counter() - started, len(partitions) - 1
+
+
+def plain_tasks(
+    run_config: dict[str, Any], nodes: int, tasks: int, workers: int, uplink: str, downlink: str
+) -> dict[str, Any]:
+    """The run's tasks with no Flower, on ``workers`` processes at once (module docstring):
+    ``tasks`` of them over partitions spread across the ``nodes``."""
+    workers = max(1, workers)
+    per_worker = max(2, tasks // workers + 1)  # + the warm-up task
+    step = max(1, nodes // (per_worker * workers))
+    plans = [
+        [((w * per_worker + i) * step) % nodes for i in range(per_worker)] for w in range(workers)
+    ]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = [
+            pool.submit(_plain_worker, run_config, nodes, plan, uplink, downlink) for plan in plans
+        ]
+        done = [f.result() for f in futures]
+    seconds = max(s for s, _ in done)  # the workers ran side by side
+    count = sum(n for _, n in done)
+    return {
+        "workers": workers,
+        "tasks": count,
+        "wall_s": round(seconds, 3),
+        "updates_per_s": round(count / seconds, 2),
+        "s_per_update_per_worker": round(sum(s for s, _ in done) / count, 5),
+        "uplink_codec": uplink,
+        "downlink_codec": downlink,
+    }
+
+
+SHARED_ARGS = (
+    "nodes",
+    "updates",
+    "dataset",
+    "model",
+    "concurrency",
+    "buffer_size",
+    "cpus_per_client",
+    "probe_timeout",
+    "interval",
+    "warmup",
+    "timeout",
+)
+"""The options a baseline tree's run gets from this one (every sim_scale so far has them)."""
+
+
+def run_baseline(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``tree``'s own ``benchmarks.sim_scale`` with this run's settings: its result JSON,
+    with the tree's commit (module docstring)."""
+    tree = tree.resolve()
+    options = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in SHARED_ARGS]
+    data_dir = (PROJECT_ROOT / args.data_dir).resolve()
+    with tempfile.TemporaryDirectory(prefix="sim-scale-baseline-") as tmp:
+        out = Path(tmp) / "baseline.json"
+        command = [sys.executable, "-m", "benchmarks.sim_scale", *options]
+        command += [f"--data-dir={data_dir}", f"--out={out}"]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        done = subprocess.run(command, cwd=tree, env=env, check=False)
+        if not out.is_file():
+            raise RuntimeError(
+                f"the baseline run in {tree} wrote no result (exit {done.returncode})"
+            )
+        result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    result["tree_commit"] = git_commit(tree)
+    if "loop" in result:
+        result["loop"]["code"] = result["tree_commit"]
+    result.pop("rss_series", None)  # its figure is not kept; its peaks are
+    return result
+
+
+def baseline_ratios(result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """This run's updates/s, loop and set-up time against the baseline's."""
+    new, old = result.get("loop", {}), baseline.get("loop", {})
+
+    def ratio(key: str) -> float | None:
+        if new.get(key) and old.get(key):
+            return round(float(new[key]) / float(old[key]), 3)
+        return None
+
+    return {
+        "updates_per_s": ratio("updates_per_s"),
+        "loop_wall_s": ratio("loop_wall_s"),
+        "probe_and_setup_s": ratio("probe_and_setup_s"),
+    }
+
+
 def rss_series(samples: list[Any], report: dict[str, Any], top: int = 6) -> dict[str, Any]:
     """The samples themselves (MB): the tree's total and the ``top`` largest processes."""
     mb = 1024.0 * 1024.0
@@ -250,11 +385,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--buffer-size", type=int, default=10)
     parser.add_argument("--cpus-per-client", type=int, default=1)
     parser.add_argument(
+        "--ray-cpus",
+        type=int,
+        default=0,
+        help="CPUs Ray may hand out (federation init-args-num-cpus; 0: the machine's): "
+        "more than the cores runs more ClientApp actors than cores",
+    )
+    parser.add_argument(
         "--probe-timeout",
         type=float,
         default=900.0,
         help="seconds the server asks nodes for their partition ids before it starts; "
         "nodes that have not answered by then are ordered by node id",
+    )
+    parser.add_argument(
+        "--plain-tasks",
+        type=int,
+        default=200,
+        help="tasks of the plain loop with no Flower, after the run (0: none)",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        default="",
+        help="a checkout of earlier code: run its sim_scale first with these settings",
     )
     parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling seconds")
     parser.add_argument("--warmup", type=float, default=0.2, help="fraction of the updates")
@@ -262,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="", help="SuperLink folder (default: a temp dir)")
     parser.add_argument("--out", default=str(RESULTS / "sim_scale.json"))
     args = parser.parse_args(argv)
+    baseline = run_baseline(Path(args.baseline_tree), args) if args.baseline_tree else None
 
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="sim-scale-")).resolve()
     results_dir = run_dir / "results"
@@ -286,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             federation_config={
                 "num-supernodes": args.nodes,
                 "client-resources-num-cpus": args.cpus_per_client,
+                **({"init-args-num-cpus": args.ray_cpus} if args.ray_cpus > 0 else {}),
             },
             timeout=args.timeout,
         )
@@ -308,9 +463,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dispatch = next((e for e in events if e["event"] == "dispatch"), None)
     result: dict[str, Any] = {
         "benchmark": "sim_scale",
+        "provenance": provenance("python -m benchmarks.sim_scale", argv),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpus": _cpu_count()},
-        "args": {k: v for k, v in vars(args).items() if k not in ("out", "run_dir")},
+        "args": {
+            k: v for k, v in vars(args).items() if k not in ("out", "run_dir", "baseline_tree")
+        },
         "run_config": {k: v for k, v in config.items() if k != "results-dir"},
         "status": status,
         "details": details,
@@ -321,6 +479,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         codec = codec_seconds(args.model, args.dataset, str(dispatch["uplink_codec"]), "none+fp16")
         result["codec"] = codec
         result["loop"] = loop_figures(events, codec, actors)
+        result["loop"]["code"] = git_commit(PROJECT_ROOT)
+        if args.plain_tasks > 0:
+            plain = plain_tasks(
+                config,
+                args.nodes,
+                args.plain_tasks,
+                actors,
+                str(dispatch["uplink_codec"]),
+                "none+fp16",
+            )
+            rate = result["loop"]["updates_per_s"]
+            plain["plain_overhead_share"] = (
+                round(1.0 - rate / plain["updates_per_s"], 4) if rate else None
+            )
+            result["plain"] = plain
+    if baseline is not None:
+        result["baseline"] = baseline
+        result["vs_baseline"] = baseline_ratios(result, baseline)
     warmup = int(args.warmup * args.updates)
     result["rss"] = rss_report(sampler.samples, sampler.names, warmup_progress=warmup)
     result["rss_series"] = rss_series(sampler.samples, result["rss"])
@@ -350,6 +526,19 @@ def _print_summary(result: dict[str, Any]) -> None:
             f"[sim_scale] {loop['updates']} updates in a {loop['loop_wall_s']:.1f} s loop "
             f"({loop['updates_per_s']} updates/s), setup {loop['probe_and_setup_s']:.1f} s, "
             f"{loop['clientapp_actors']} actors, overhead share {loop['overhead_share']:.1%}"
+        )
+    if "baseline" in result:
+        old = result["baseline"].get("loop", {})
+        print(
+            f"[sim_scale] baseline {result['baseline']['tree_commit']}: "
+            f"{old.get('updates_per_s')} updates/s, setup {old.get('probe_and_setup_s')} s; "
+            f"ratios {result['vs_baseline']}"
+        )
+    plain = result.get("plain")
+    if plain:
+        print(
+            f"[sim_scale] no Flower: {plain['updates_per_s']} updates/s on {plain['workers']} "
+            f"workers; the simulator's share {plain['plain_overhead_share']:.1%}"
         )
     for proc in sorted(result["rss"]["processes"], key=lambda p: -p["peak_mb"])[:10]:
         print(

@@ -49,6 +49,7 @@ from fedsync.clients.compressed import (
     uplink_delta,
 )
 from fedsync.clients.inner_state import keep_inner_optimizer, restore_inner_optimizer
+from fedsync.compat import in_simulation_engine
 from fedsync.config import node_partition
 from fedsync.models.training import InnerOptimizer
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
@@ -56,6 +57,14 @@ from fedsync.task import model_state, tensor_specs
 from fedsync.updates import TensorSpec
 
 __all__ = ["Task", "probe_reply", "receive"]
+
+if in_simulation_engine():
+    # Flower's simulation engine loads the ClientApp, and with it this module, before it
+    # starts handing out messages: from then on, one pass over its store per round
+    # (fedsync.compat.flower139, section 6).
+    from fedsync.compat.flower139 import index_simulation_deliveries
+
+    index_simulation_deliveries()
 
 MetricValue = int | float
 

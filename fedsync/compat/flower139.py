@@ -50,6 +50,9 @@ another Flower, and the test that fails when an upgrade breaks it.
 4. The warm executor's names (``fedsync.clients.node_exec``): Flower's Runtime API
    client and the steps of ``flwr-clientapp``, re-exported.
 5. :func:`parse_config_args`: Flower's ``--run-config`` parser.
+6. :func:`index_simulation_deliveries`: the simulation engine hands out pending
+   messages in one pass over its message store, not one pass per node, and ships the
+   ClientApp to each Ray actor once, not with every message.
 """
 
 from __future__ import annotations
@@ -60,9 +63,11 @@ import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 from flwr.app import Message
+
+from fedsync.compat import SIMULATION_ENGINE
 
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
@@ -124,6 +129,7 @@ __all__ = [
     "cap_supernode_poll",
     "get_load_client_app_fn",
     "http_grid_layout_problem",
+    "index_simulation_deliveries",
     "install_from_fab",
     "is_http_grid",
     "make_simple_http_retry_invoker",
@@ -444,3 +450,201 @@ def parse_config_args(items: Sequence[str]) -> dict[str, Any]:
     from flwr.common import config
 
     return dict(config.parse_config_args(list(items)))
+
+
+# --- 6. The simulation engine's deliveries ---------------------------------------------------
+#
+# Flower 1.39. In a simulation, a thread of the flwr-simulation process
+# (vce_api.add_messages_to_queue) hands pending messages to the ClientApp actors: every
+# 0.1 s it calls InMemoryLinkState.get_message_ins(node_id, limit=1) for every simulated
+# node, and each call walks the whole message store, checking each message's TTL and
+# federation under the state's lock. A pass costs nodes x stored messages checks: with
+# 1,000 nodes and 32 tasks in flight about 32,000 per pass, all on the GIL the ServerApp
+# needs; a start-up probe of 10,000 nodes stores 10,000 messages, 10^8 checks per pass,
+# and no node answered within a minute. deliver_pending makes the same choice in one pass
+# over the store: each message checked once as Flower checks it (expired ones deleted;
+# those already handed out only every DELIVERED_CHECK_EVERY passes), and per node the
+# first undelivered message addressed to it, marked delivered as Flower marks it. Only
+# the order in which the pass's messages enter the queue changes: by when they were
+# stored, not by node. index_simulation_deliveries installs it in
+# vce_api, where run_api looks the function up when it starts the thread; it acts only in
+# a process that has imported vce_api (the simulation engine's own), and only where the
+# state is Flower's InMemoryLinkState with the attributes it reads; otherwise nothing
+# changes. Test: test_simulation_deliveries_match_flowers_choice.
+
+SIMULATION_DELIVERY_PASS_S: Final = 0.1
+"""Seconds between two delivery passes: Flower's (``f_stop.wait(0.1)``)."""
+
+DELIVERED_CHECK_EVERY: Final = 50
+"""Every this many passes (5 s) the pass also checks the messages already handed out,
+as Flower's checks each pass: an expired one whose reply nobody pulls is deleted. The
+other passes skip them (with 10,000 probes out, checking them was 15 % of the engine's
+time); the ServerApp's pull checks the ones it asks for anyway."""
+
+
+def deliver_pending(
+    state: Any, nodes: Mapping[int, Any], *, check_delivered: bool = True
+) -> list[Message]:
+    """Per node of ``nodes``, its first undelivered message in ``state``; marked delivered.
+
+    ``state`` is Flower 1.39's ``InMemoryLinkState``: what ``get_message_ins(node,
+    limit=1)`` for each node would return, found in one pass (module section 6). Each
+    message is checked (and deleted when expired) as Flower checks it; with
+    ``check_delivered=False`` only those not yet handed out.
+    """
+    from flwr.supercore.date import now
+
+    taken: set[int] = set()
+    found: list[Message] = []
+    store = state.message_ins_store
+    with state.lock:
+        for message_id in list(store):
+            message = store.get(message_id)
+            if message is None or (not check_delivered and message.metadata.delivered_at):
+                continue
+            state._check_stored_messages({message_id})
+            message = store.get(message_id)
+            if message is None or message.metadata.delivered_at != "":
+                continue
+            node = message.metadata.dst_node_id
+            if node in taken or node not in nodes:
+                continue
+            taken.add(node)
+            found.append(message)
+        delivered_at = now().isoformat()
+        for message in found:
+            message.metadata.delivered_at = delivered_at
+    return found
+
+
+def _indexed_add_messages_to_queue(
+    state: Any, queue: Any, nodes_mapping: Mapping[int, Any], f_stop: Any
+) -> None:
+    """``vce_api.add_messages_to_queue`` with one pass over the store per round.
+
+    Where the pass cannot run (another state, or it raised: the thread dying would stall
+    the simulation), Flower's own per-node calls take over, with a warning.
+    """
+    from logging import WARNING
+
+    from flwr.common.logger import log
+
+    one_pass = _has_in_memory_layout(state)
+    passes = 0
+    while not f_stop.is_set():
+        messages: list[Message] = []
+        if one_pass:
+            try:
+                check = passes % DELIVERED_CHECK_EVERY == 0
+                messages = deliver_pending(state, nodes_mapping, check_delivered=check)
+                passes += 1
+            except Exception as err:  # the engine's own loop takes over
+                log(WARNING, "[fedsync] one-pass deliveries failed, Flower's own used: %r", err)
+                one_pass = False
+        if not one_pass:
+            messages = [m for n in nodes_mapping for m in state.get_message_ins(n, limit=1)]
+        for message in messages:
+            queue.put(message)
+        f_stop.wait(SIMULATION_DELIVERY_PASS_S)
+
+
+def _has_in_memory_layout(state: Any) -> bool:
+    return all(
+        hasattr(state, name) for name in ("message_ins_store", "lock", "_check_stored_messages")
+    )
+
+
+# The engine's RayBackend submits every message as actor.run.remote(app_fn, message,
+# cid, context), app_fn being a closure start_vce defines around the loaded ClientApp: Ray
+# pickles that closure by value on every call (about 2 ms of the simulation process's
+# GIL each; a quarter of its time while 10,000 probes went out). SharedClientApp stands
+# in for it: the first time it is pickled it puts the closure into Ray's object store
+# once and pickles as a reference to it; each actor fetches it on its first message and
+# keeps the ClientApp it returns (as start_vce itself keeps the loaded app, and a
+# SuperNode's warm process would). If the object store refuses, it pickles the closure
+# as before. Installed by wrapping vce_api.run_api (looked up by start_vce after it has
+# loaded the ClientApp) so that the backend it builds gets it. Test:
+# test_the_client_app_travels_to_each_actor_once.
+
+
+class SharedClientApp:
+    """Flower's ``app_fn`` of a simulation, pickled as one object-store reference."""
+
+    def __init__(self, app_fn: Callable[[], Any]) -> None:
+        self.app_fn = app_fn
+        self._ref: Any = None
+
+    def __call__(self) -> Any:
+        return self.app_fn()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self._ref is None:
+            try:
+                import ray
+
+                self._ref = ray.put(self.app_fn)
+            except Exception:  # no Ray or no object store: ship the closure itself
+                return (_return, (self.app_fn,))
+        return (_FetchedClientApp, (self._ref,))
+
+
+def _return(value: Any) -> Any:
+    return value
+
+
+class _FetchedClientApp:
+    """A ClientApp loader on a Ray actor: the app fetched once per actor and kept."""
+
+    _apps: ClassVar[dict[str, Any]] = {}  # object ref -> ClientApp (this process's run)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def __call__(self) -> Any:
+        key = self.ref.hex()
+        app = self._apps.get(key)
+        if app is None:
+            import ray
+
+            app = ray.get(self.ref)()
+            self._apps.clear()  # a new run's app replaces the last
+            self._apps[key] = app
+        return app
+
+
+def _sharing_run_api(run_api: Callable[..., Any]) -> Callable[..., Any]:
+    """``vce_api.run_api`` whose backend ships the ClientApp as :class:`SharedClientApp`."""
+
+    def run_api_sharing_the_app(
+        app_fn: Callable[[], Any], backend_fn: Callable[[], Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        def backend() -> Any:
+            made = backend_fn()
+            build = made.build
+
+            def build_sharing(fn: Callable[[], Any]) -> None:
+                build(fn)
+                if getattr(made, "app_fn", None) is fn:
+                    made.app_fn = SharedClientApp(fn)
+
+            made.build = build_sharing
+            return made
+
+        return run_api(app_fn, backend, *args, **kwargs)
+
+    run_api_sharing_the_app.fedsync_wraps = run_api  # type: ignore[attr-defined]
+    return run_api_sharing_the_app
+
+
+def index_simulation_deliveries() -> bool:
+    """Install :func:`deliver_pending`'s pass and :class:`SharedClientApp` in Flower's
+    simulation engine, if this process runs it (``vce_api`` imported); returns whether it
+    did (module section 6)."""
+    vce_api = sys.modules.get(SIMULATION_ENGINE)
+    if vce_api is None or not callable(getattr(vce_api, "add_messages_to_queue", None)):
+        return False
+    vce_api.add_messages_to_queue = _indexed_add_messages_to_queue  # type: ignore[attr-defined]
+    run_api = getattr(vce_api, "run_api", None)
+    if callable(run_api) and not hasattr(run_api, "fedsync_wraps"):
+        vce_api.run_api = _sharing_run_api(run_api)  # type: ignore[attr-defined]
+    return True

@@ -1,7 +1,10 @@
-"""The strategy comparison through the real Flower app, at CI scale: digits with
-stragglers, the Fashion-MNIST headline scenario's code path (``fmnist-ci``: 12 devices
-of the same fleet, dense FedAvg / FedBuff / FedAsync against TEASQ mode), and the
-link-bound edge scenario's twin (``fmnist-iot-ci``: 12 devices of the IoT-uplink fleet).
+"""The strategy comparison through the real Flower app, at CI scale: the Fashion-MNIST
+headline scenario's code path (``fmnist-ci``: 12 devices of the same fleet, dense FedAvg
+/ FedBuff / FedAsync against TEASQ mode), and the link-bound edge scenario's twin
+(``fmnist-iot-ci``: 12 devices of the IoT-uplink fleet). The digits scenario with
+stragglers (``digits-stragglers``) runs the same code path as ``fmnist-ci`` on a smaller
+dataset; it is left out of CI (about 3 minutes there) and runs with
+``python -m fedsync.simulations.compare digits-stragglers``.
 
 Asserts orderings, not absolute numbers: every run completes, TEASQ-Fed reaches the
 target in less simulated time than FedAvg, with fewer uplink bytes and fewer bytes up and
@@ -21,12 +24,11 @@ from tests.integration.conftest import run_comparison
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("name", ["digits-stragglers", "fmnist-ci"])
+@pytest.mark.parametrize("name", ["fmnist-ci"])
 def test_teasq_beats_fedavg_to_the_target(
     name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    if name.startswith("fmnist"):
-        request.getfixturevalue("shared_data_dir")  # skips without ../shared/data
+    request.getfixturevalue("shared_data_dir")  # skips without ../shared/data
     scenario = load_scenario(name)
     assert {s.strategy for s in scenario.strategies} == {"fedavg", "fedbuff", "fedasync", "teasq"}
     comparison, results = run_comparison(name, tmp_path)

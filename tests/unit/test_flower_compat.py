@@ -463,3 +463,210 @@ def test_run_config_is_parsed_as_flower_parses_it() -> None:
     assert flower139.parse_config_args(['a=1 b="x"', "c=true"]) == {"a": 1, "b": "x", "c": True}
     with pytest.raises(click.ClickException):
         flower139.parse_config_args(["a=["])
+
+
+# --- 6. the simulation engine's deliveries ------------------------------------------------------
+def _simulation_state(
+    nodes: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, Any, dict[int, int]]:
+    """Flower 1.39's simulation state as ``flwr.simulation.run_simulation`` builds it (an
+    ``InMemoryLinkState`` with a run and ``nodes`` registered SuperNodes), its
+    ``InMemoryGrid`` and the node id -> partition mapping."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.proto.task_pb2 import Task
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    factory = LinkStateFactory(
+        FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory()
+    )
+    state = factory.state()
+    run = Run.create_empty(run_id=7)
+    run.primary_task_id = 11
+    run.federation_id = NOOP_FEDERATION_ID
+    for name, value in (("_task_id", 1), ("_run_id", 7), ("_node_id", SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(TaskIdentity, name, value)  # as run_simulation sets it; restored
+    state.run_ids[run.run_id] = RunRecord(run=run)
+    state.task_store[11] = Task(task_id=11, run_id=run.run_id)
+    mapping = vce_api._register_nodes(num_nodes=nodes, state_factory=factory)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    return state, grid, mapping
+
+
+def _push(grid: Any, destinations: list[int], ttl: float = 60.0) -> list[str]:
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+    messages = [
+        Message(RecordDict({"c": ConfigRecord({"i": i})}), node, MessageType.QUERY, ttl=ttl)
+        for i, node in enumerate(destinations)
+    ]
+    return [str(m) for m in grid.push_messages(messages)]
+
+
+def test_simulation_deliveries_match_flowers_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pass of ``deliver_pending`` hands out the messages Flower's per-node
+    ``get_message_ins(node, limit=1)`` calls would, marks them delivered as Flower does,
+    and drops expired ones; ``index_simulation_deliveries`` installs it where the engine's
+    ``run_api`` looks it up, and the installed loop feeds a queue."""
+    import queue
+    import threading
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from fedsync.compat import SIMULATION_ENGINE, in_simulation_engine
+
+    assert vce_api.__name__ == SIMULATION_ENGINE and in_simulation_engine()
+    # run_api starts its delivery thread with the module's add_messages_to_queue
+    assert "target=add_messages_to_queue" in inspect.getsource(vce_api.run_api)
+
+    def scenario() -> tuple[Any, dict[int, int], list[str]]:
+        state, grid, mapping = _simulation_state(5, monkeypatch)
+        nodes = list(mapping)
+        # node 0: three messages; node 1: one; node 2: one expired; node 3: two; node 4: none
+        ids = _push(grid, [nodes[0], nodes[1], nodes[0], nodes[3], nodes[0], nodes[3]])
+        ids += _push(grid, [nodes[2]], ttl=0.001)
+        time.sleep(0.01)
+        return state, mapping, ids
+
+    def described(messages: list[Any]) -> list[tuple[int, str]]:
+        return sorted((m.metadata.dst_node_id, m.metadata.message_id) for m in messages)
+
+    flower_state, mapping, flower_ids = scenario()
+    ours_state, ours_mapping, ours_ids = scenario()
+    for round_ in range(4):
+        flowers = [m for n in mapping for m in flower_state.get_message_ins(n, limit=1)]
+        ours = flower139.deliver_pending(ours_state, ours_mapping)
+        # the same choice: per node its first undelivered message (ids differ by run)
+        positions = {mid: i for i, mid in enumerate(flower_ids)}
+        ours_positions = {mid: i for i, mid in enumerate(ours_ids)}
+        assert sorted(positions[m.metadata.message_id] for m in flowers) == sorted(
+            ours_positions[m.metadata.message_id] for m in ours
+        ), round_
+        assert all(m.metadata.delivered_at != "" for m in ours)
+        assert [len(described(ours))] == [len({m.metadata.dst_node_id for m in ours})]
+    # the expired message was deleted from the store, in either
+    assert len(ours_state.message_ins_store) == len(flower_state.message_ins_store) == 6
+    assert flower139.deliver_pending(ours_state, ours_mapping) == []
+
+    # installed where run_api looks it up; its loop feeds the engine's queue
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
+    assert flower139.index_simulation_deliveries()
+    loop = vce_api.add_messages_to_queue
+    assert loop is not flower139.deliver_pending and loop.__module__ == flower139.__name__
+    state, grid, mapping = _simulation_state(3, monkeypatch)
+    pushed = _push(grid, list(mapping) * 2)
+    delivered: queue.Queue[Any] = queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(target=loop, args=(state, delivered, mapping, stop))
+    thread.start()
+    try:
+        got = [delivered.get(timeout=10).metadata.message_id for _ in pushed]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert sorted(got) == sorted(pushed) and not thread.is_alive()
+
+
+def test_simulation_deliveries_not_installed_outside_the_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from fedsync.compat import SIMULATION_ENGINE, in_simulation_engine
+
+    monkeypatch.delitem(sys.modules, SIMULATION_ENGINE)
+    assert not in_simulation_engine()
+    assert not flower139.index_simulation_deliveries()
+
+
+def test_simulation_deliveries_fall_back_to_flowers_own(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass that raises does not stop deliveries (the thread dying would stall the
+    run): Flower's per-node calls take over, with a warning."""
+    import queue
+    import threading
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
+    assert flower139.index_simulation_deliveries()
+
+    def broken(state: Any, nodes: Any) -> list[Any]:
+        raise KeyError("a layout this pass does not know")
+
+    monkeypatch.setattr(flower139, "deliver_pending", broken)
+    state, grid, mapping = _simulation_state(2, monkeypatch)
+    pushed = _push(grid, list(mapping))
+    delivered: queue.Queue[Any] = queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=vce_api.add_messages_to_queue, args=(state, delivered, mapping, stop)
+    )
+    thread.start()
+    try:
+        got = [delivered.get(timeout=10).metadata.message_id for _ in pushed]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert sorted(got) == sorted(pushed)
+    assert "one-pass deliveries failed" in caplog.text
+
+
+def test_the_client_app_travels_to_each_actor_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's backend ships ``SharedClientApp`` in place of its ``app_fn``: pickled,
+    it is a small reference to one copy in Ray's object store, and an actor fetches the
+    app once and keeps it (a real Ray, one CPU)."""
+    import pickle
+
+    import ray
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    # run_api's backend gets the shared app after build() (a stand-in backend and run_api)
+    class Backend:
+        app_fn: Any = None
+
+        def build(self, fn: Callable[[], Any]) -> None:
+            self.app_fn = fn
+
+    built: list[Backend] = []
+
+    def run_api(app_fn: Callable[[], Any], backend_fn: Callable[[], Backend]) -> None:
+        backend = backend_fn()
+        backend.build(app_fn)
+        built.append(backend)
+
+    monkeypatch.setattr(vce_api, "run_api", run_api)
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
+    assert flower139.index_simulation_deliveries()
+    assert flower139.index_simulation_deliveries()  # once: not wrapped twice
+    assert vce_api.run_api.fedsync_wraps is run_api  # type: ignore[attr-defined]
+    app = {"weights": list(range(50_000))}  # stands for the ClientApp: big when pickled
+    vce_api.run_api(lambda: app, Backend)
+    shared = built[0].app_fn
+    assert isinstance(shared, flower139.SharedClientApp) and shared() is app
+
+    @ray.remote
+    class Actor:
+        def run(self, app_fn: Callable[[], Any]) -> tuple[int, int]:
+            first, second = app_fn(), app_fn()
+            return id(first), id(second)
+
+    # a new local Ray ("local"), never a cluster another test or `ray start` left running
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        assert len(pickle.dumps(shared)) < 1_000 < len(pickle.dumps(app))
+        actor = Actor.remote()  # type: ignore[attr-defined]
+        calls = [ray.get(actor.run.remote(shared)) for _ in range(3)]
+        # one app per actor, kept across messages (the closure was not shipped again)
+        assert len({i for pair in calls for i in pair}) == 1
+    finally:
+        ray.shutdown()
