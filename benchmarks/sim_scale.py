@@ -39,6 +39,10 @@ What it reports (JSON under ``benchmarks/results/`` and a PNG of RSS over time):
   seconds with the number of updates so far: peak, and the slope in MB per 1,000
   updates after warm-up (the first ``--warmup`` fraction of the updates).
 
+``--against-nodes A.json B.json ... --out nodes.json`` runs nothing: it reads earlier
+results and writes, per number of nodes, updates per second, start-up seconds and the
+peak RSS of the whole process tree, with a PNG of them against nodes beside the JSON.
+
 With ``--baseline-tree DIR`` (a checkout of an earlier commit, e.g. ``git worktree add
 /tmp/base <commit>``) the same command first runs that tree's own ``benchmarks.sim_scale``
 with the same nodes, updates and settings, its code on ``PYTHONPATH``, and the JSON keeps
@@ -374,6 +378,56 @@ def plot_rss(report: dict[str, Any], samples: list[Any], path: Path, title: str)
     plt.close(fig)
 
 
+def against_nodes(paths: Sequence[Path], out: Path) -> dict[str, Any]:
+    """Updates/s, start-up and peak tree RSS of earlier results, by nodes (module doc)."""
+    rows = []
+    for path in paths:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        loop = data.get("loop", {})
+        tree = data.get("rss_series", {}).get("tree_mb") or [0.0]
+        rows.append(
+            {
+                "result": str(path),
+                "nodes": data["args"]["nodes"],
+                "updates": loop.get("updates"),
+                "updates_per_s": loop.get("updates_per_s"),
+                "plain_updates_per_s": data.get("plain", {}).get("updates_per_s"),
+                "probe_and_setup_s": loop.get("probe_and_setup_s"),
+                "peak_tree_rss_mb": max(tree),
+                "commit": data.get("provenance", {}).get("commit"),
+            }
+        )
+    rows.sort(key=lambda row: row["nodes"])
+    result = {
+        "benchmark": "sim_scale",
+        "provenance": provenance("python -m benchmarks.sim_scale"),
+        "against_nodes": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nodes = [row["nodes"] for row in rows]
+    fig, (rate, memory) = plt.subplots(1, 2, figsize=(10, 4))
+    rate.plot(nodes, [row["updates_per_s"] for row in rows], "o-", label="simulation")
+    rate.plot(nodes, [row["plain_updates_per_s"] for row in rows], "s--", label="no Flower")
+    rate.set_xscale("log")
+    rate.set_xlabel("simulated nodes")
+    rate.set_ylabel("updates / s")
+    rate.legend()
+    memory.plot(nodes, [row["peak_tree_rss_mb"] / 1024.0 for row in rows], "o-")
+    memory.set_xscale("log")
+    memory.set_xlabel("simulated nodes")
+    memory.set_ylabel("peak RSS of the whole tree (GB)")
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -414,7 +468,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1500.0)
     parser.add_argument("--run-dir", default="", help="SuperLink folder (default: a temp dir)")
     parser.add_argument("--out", default=str(RESULTS / "sim_scale.json"))
+    parser.add_argument(
+        "--against-nodes",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="earlier result JSONs: write their figures against nodes to --out (no run)",
+    )
     args = parser.parse_args(argv)
+    if args.against_nodes:
+        summary = against_nodes(args.against_nodes, Path(args.out))
+        for row in summary["against_nodes"]:
+            print(f"[sim_scale] {row}")
+        return 0
     baseline = run_baseline(Path(args.baseline_tree), args) if args.baseline_tree else None
 
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="sim-scale-")).resolve()
