@@ -511,14 +511,39 @@ def _push(grid: Any, destinations: list[int], ttl: float = 60.0) -> list[str]:
     return [str(m) for m in grid.push_messages(messages)]
 
 
+def _install(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Install section 6 in Flower's engine module (both names restored after the test);
+    the module."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    for name in ("add_messages_to_queue", "run_api"):
+        monkeypatch.setattr(vce_api, name, getattr(vce_api, name))
+    assert flower139.index_simulation_deliveries()
+    return vce_api
+
+
+def _delivered_by(loop: Callable[..., None], state: Any, mapping: Any, count: int) -> list[str]:
+    """Run the engine's delivery ``loop`` on a thread until ``count`` messages came out."""
+    import queue
+    import threading
+
+    delivered: queue.Queue[Any] = queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(target=loop, args=(state, delivered, mapping, stop))
+    thread.start()
+    try:
+        return [delivered.get(timeout=10).metadata.message_id for _ in range(count)]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
 def test_simulation_deliveries_match_flowers_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """One pass of ``deliver_pending`` hands out the messages Flower's per-node
     ``get_message_ins(node, limit=1)`` calls would, marks them delivered as Flower does,
     and drops expired ones; ``index_simulation_deliveries`` installs it where the engine's
     ``run_api`` looks it up, and the installed loop feeds a queue."""
-    import queue
-    import threading
-
     from flwr.server.superlink.fleet.vce import vce_api
 
     from fedsync.compat import SIMULATION_ENGINE, in_simulation_engine
@@ -557,22 +582,11 @@ def test_simulation_deliveries_match_flowers_choice(monkeypatch: pytest.MonkeyPa
     assert flower139.deliver_pending(ours_state, ours_mapping) == []
 
     # installed where run_api looks it up; its loop feeds the engine's queue
-    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
-    assert flower139.index_simulation_deliveries()
-    loop = vce_api.add_messages_to_queue
+    loop = _install(monkeypatch).add_messages_to_queue
     assert loop is not flower139.deliver_pending and loop.__module__ == flower139.__name__
     state, grid, mapping = _simulation_state(3, monkeypatch)
     pushed = _push(grid, list(mapping) * 2)
-    delivered: queue.Queue[Any] = queue.Queue()
-    stop = threading.Event()
-    thread = threading.Thread(target=loop, args=(state, delivered, mapping, stop))
-    thread.start()
-    try:
-        got = [delivered.get(timeout=10).metadata.message_id for _ in pushed]
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    assert sorted(got) == sorted(pushed) and not thread.is_alive()
+    assert sorted(_delivered_by(loop, state, mapping, len(pushed))) == sorted(pushed)
 
 
 def test_simulation_deliveries_not_installed_outside_the_engine(
@@ -592,33 +606,17 @@ def test_simulation_deliveries_fall_back_to_flowers_own(
 ) -> None:
     """A pass that raises does not stop deliveries (the thread dying would stall the
     run): Flower's per-node calls take over, with a warning."""
-    import queue
-    import threading
+    loop = _install(monkeypatch).add_messages_to_queue
 
-    from flwr.server.superlink.fleet.vce import vce_api
-
-    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
-    assert flower139.index_simulation_deliveries()
-
-    def broken(state: Any, nodes: Any) -> list[Any]:
+    def broken(state: Any, nodes: Any, **options: Any) -> list[Any]:
         raise KeyError("a layout this pass does not know")
 
     monkeypatch.setattr(flower139, "deliver_pending", broken)
     state, grid, mapping = _simulation_state(2, monkeypatch)
     pushed = _push(grid, list(mapping))
-    delivered: queue.Queue[Any] = queue.Queue()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=vce_api.add_messages_to_queue, args=(state, delivered, mapping, stop)
-    )
-    thread.start()
-    try:
-        got = [delivered.get(timeout=10).metadata.message_id for _ in pushed]
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    assert sorted(got) == sorted(pushed)
+    assert sorted(_delivered_by(loop, state, mapping, len(pushed))) == sorted(pushed)
     assert "one-pass deliveries failed" in caplog.text
+    assert "a layout this pass does not know" in caplog.text
 
 
 def test_the_client_app_travels_to_each_actor_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -645,8 +643,7 @@ def test_the_client_app_travels_to_each_actor_once(monkeypatch: pytest.MonkeyPat
         built.append(backend)
 
     monkeypatch.setattr(vce_api, "run_api", run_api)
-    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
-    assert flower139.index_simulation_deliveries()
+    _install(monkeypatch)
     assert flower139.index_simulation_deliveries()  # once: not wrapped twice
     assert vce_api.run_api.fedsync_wraps is run_api  # type: ignore[attr-defined]
     app = {"weights": list(range(50_000))}  # stands for the ClientApp: big when pickled
