@@ -657,6 +657,8 @@ def test_the_client_app_travels_to_each_actor_once(monkeypatch: pytest.MonkeyPat
             first, second = app_fn(), app_fn()
             return id(first), id(second)
 
+    # ray.init sets PYTHONBREAKPOINT in this process: put back as it was after the test
+    monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
     # a new local Ray ("local"), never a cluster another test or `ray start` left running
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
