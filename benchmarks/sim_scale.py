@@ -225,8 +225,9 @@ def _plain_worker(
     torch.set_num_threads(1)
     config = RunConfig.from_run_config(run_config)
     device = torch.device("cpu")
-    specs = specs_of(model_state(model_for(config.training)))
-    frame = UpdateCodec(downlink, specs=specs).encode(model_state(model_for(config.training)))
+    initial = model_state(model_for(config.training))
+    specs = specs_of(initial)
+    frame = UpdateCodec(downlink, specs=specs).encode(initial)  # the task's start model
     encoders: dict[int, UpdateCodec] = {}  # error feedback per node, as each node keeps it
 
     def task(partition: int) -> None:

@@ -1,0 +1,56 @@
+"""``benchmarks.sim_scale``'s pieces that run without a simulation: the same tasks with no
+Flower (real digits data, spawned workers), the ratios against a baseline tree's result,
+and the figures against nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sim_scale import against_nodes, baseline_ratios, plain_tasks
+
+
+def test_the_plain_loop_runs_the_tasks_on_its_workers() -> None:
+    config = {"strategy": "teasq", "dataset": "digits", "partitioning": "iid", "seed": 0}
+    result = plain_tasks(config, 50, 6, 2, "topk:0.1+uniform:8+ef", "none+fp16")
+    # 6 tasks over 2 workers: 4 each, the first of each a warm-up not timed
+    assert result["workers"] == 2 and result["tasks"] == 6
+    # the workers ran side by side: the rate is all tasks over the slower worker's time
+    # (both rounded in the result: hence the tolerance)
+    assert result["wall_s"] > 0
+    assert result["updates_per_s"] == pytest.approx(6 / result["wall_s"], rel=0.05)
+
+
+def test_ratios_against_the_baseline_are_new_over_old() -> None:
+    new = {"loop": {"updates_per_s": 21.0, "loop_wall_s": 70.0, "probe_and_setup_s": 15.0}}
+    old = {"loop": {"updates_per_s": 14.0, "loop_wall_s": 105.0}}
+    assert baseline_ratios(new, old) == {
+        "updates_per_s": 1.5,
+        "loop_wall_s": 0.667,
+        "probe_and_setup_s": None,  # the baseline has none
+    }
+
+
+def test_results_against_nodes_are_sorted_with_their_peaks(tmp_path: Path) -> None:
+    paths = []
+    for nodes, rate, tree in ((10_000, 22.9, [900.0, 4600.0, 4500.0]), (1_000, 21.0, [4400.0])):
+        path = tmp_path / f"{nodes}.json"
+        data = {
+            "args": {"nodes": nodes},
+            "loop": {"updates": 100, "updates_per_s": rate, "probe_and_setup_s": 1.0},
+            "plain": {"updates_per_s": 60.0},
+            "rss_series": {"tree_mb": tree},
+            "provenance": {"commit": "abc1234"},
+        }
+        path.write_text(json.dumps(data))
+        paths.append(path)
+    out = tmp_path / "nodes.json"
+    rows = against_nodes(paths, out)["against_nodes"]
+    assert [(r["nodes"], r["updates_per_s"], r["peak_tree_rss_mb"]) for r in rows] == [
+        (1_000, 21.0, 4400.0),
+        (10_000, 22.9, 4600.0),
+    ]
+    assert json.loads(out.read_text())["against_nodes"] == rows
+    assert out.with_suffix(".png").stat().st_size > 0
