@@ -119,10 +119,18 @@ def run_task(
     specs: dict[str, TensorSpec],
     folder: Path | None,
     index: int,
+    *,
+    partition: int = 0,
+    partitions: int = 2,
+    start_state: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """One task; with ``folder``, each phase profiled (traces written there)."""
-    # The node's view of the run, as the ClientApp builds it: partition 0 of 2.
-    runtime = ClientRuntime(config.training, config.compression, device, 0, 2, {})
+    """One task; with ``folder``, each phase profiled (traces written there).
+
+    The node holds ``partition`` of ``partitions`` and starts from ``start_state`` (the
+    model its downlink decoded to; default: a fresh model's weights).
+    """
+    # The node's view of the run, as the ClientApp builds it.
+    runtime = ClientRuntime(config.training, config.compression, device, partition, partitions, {})
     phases: dict[str, Any] = {}
 
     def step(name: str, fn: Callable[[], Any]) -> Any:
@@ -133,7 +141,8 @@ def run_task(
         return result
 
     data = step("data", lambda: runtime.data()[0])
-    start_state = model_state(runtime.fresh_model())  # the task's start weights, on the host
+    if start_state is None:  # the task's start weights, on the host
+        start_state = model_state(runtime.fresh_model())
 
     def build() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         model = runtime.fresh_model().to(device)

@@ -74,9 +74,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.gpu_task_profile import run_task
 from benchmarks.proc_sampler import TreeSampler, rss_report
-from fedsync.clients.compressed import uplink_delta
-from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.deploy import DeploymentError, LocalSuperLink
@@ -231,14 +230,20 @@ def _plain_worker(
     encoders: dict[int, UpdateCodec] = {}  # error feedback per node, as each node keeps it
 
     def task(partition: int) -> None:
-        runtime = ClientRuntime(config.training, config.compression, device, partition, nodes, {})
-        train = runtime.data()[0]
+        # the downlink decoded, then what the task profile runs: data, model, train, encode
         start = densify(UpdateCodec().decode(frame, expected=specs))
-        model = runtime.fresh_model()
-        model.load_state_dict(start, strict=False)
-        LocalTraining.from_task({}, runtime).run(model, train, device)
         encoder = encoders.setdefault(partition, UpdateCodec(uplink, seed=partition, specs=specs))
-        encoder.encode(uplink_delta(model, start, specs))
+        run_task(
+            device,
+            config,
+            encoder,
+            specs,
+            None,
+            0,
+            partition=partition,
+            partitions=nodes,
+            start_state=start,
+        )
 
     task(partitions[0])  # imports, the dataset file, first-call costs
     started = time.perf_counter()
