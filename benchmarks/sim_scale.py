@@ -68,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,32 @@ def run_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
         "results-dir": str(results_dir),
         "run-name": "scale",
         "seed": 0,
+        **dict(setting(item) for item in args.set),
+    }
+
+
+def setting(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set`` as a run-config entry: the value a TOML literal (as
+    ``flwr run --run-config`` reads it), else the text as a string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--set wants KEY=VALUE, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key.strip(), value
+
+
+def node_state_files(folder: Path) -> dict[str, Any]:
+    """What ``node-state = "disk"`` left under ``folder``: files, bytes, nodes."""
+    files = [path for path in folder.rglob("*.npz") if path.is_file()]
+    sizes = [path.stat().st_size for path in files]
+    return {
+        "files": len(files),
+        "bytes": sum(sizes),
+        "largest_file_bytes": max(sizes, default=0),
+        "nodes": len({path.name.split("-", 1)[0] for path in files}),
     }
 
 
@@ -200,6 +227,7 @@ def loop_figures(
     start_event = next((e for e in events if e["event"] == "async_start"), {})
     return {
         "nodes_seen_by_server": start_event.get("nodes"),
+        "nodes_trained": len({e.get("node") for e in arrivals}),
         "updates": len(arrivals),
         "dispatched": len(dispatches),
         "drops": sum(1 for e in events if e["event"] == "drop"),
@@ -471,6 +499,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="a checkout of earlier code: run its sim_scale first with these settings",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run-config entry on top of the scale run's (repeatable), e.g. "
+        "--set node-state='\"disk\"' or --set downlink-kind=shared",
+    )
+    parser.add_argument(
+        "--keep-node-state",
+        action="store_true",
+        help='keep the files of node-state = "disk" (default: count them, then delete)',
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="RSS sampling seconds")
     parser.add_argument("--warmup", type=float, default=0.2, help="fraction of the updates")
     parser.add_argument("--timeout", type=float, default=1500.0)
@@ -494,6 +535,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="sim-scale-")).resolve()
     results_dir = run_dir / "results"
     config = run_config(args, results_dir)
+    state_dir: Path | None = None
+    if config.get("node-state") == "disk":
+        if not config.get("node-state-dir"):
+            config["node-state-dir"] = str(run_dir / "node-state")
+        state_dir = Path(str(config["node-state-dir"]))
+    # A model or dataset named by import path (benchmarks.models:mlp_11m) must import in
+    # the ServerApp and every Ray actor: they inherit this environment.
+    paths = [str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     ray_tmpdir = ""
     if not os.environ.get("RAY_ADDRESS"):
         # Without an address ray.init() joins the cluster the last `ray start` on this
@@ -549,6 +599,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(wall, 2),
         "error_tail": error,
     }
+    if state_dir is not None:
+        result["node_state"] = node_state_files(state_dir)
+        if not args.keep_node_state:
+            shutil.rmtree(state_dir, ignore_errors=True)
     if dispatch is not None and any(e["event"] == "arrival" for e in events):
         codec = codec_seconds(args.model, args.dataset, str(dispatch["uplink_codec"]), "none+fp16")
         result["codec"] = codec
@@ -607,6 +661,12 @@ def _print_summary(result: dict[str, Any]) -> None:
             f"[sim_scale] baseline {result['baseline']['tree_commit']}: "
             f"{old.get('updates_per_s')} updates/s, setup {old.get('probe_and_setup_s')} s; "
             f"ratios {result['vs_baseline']}"
+        )
+    if "node_state" in result:
+        files = result["node_state"]
+        print(
+            f"[sim_scale] node state on disk: {files['files']} files of {files['nodes']} "
+            f"nodes, {files['bytes'] / 1e9:.2f} GB"
         )
     plain = result.get("plain")
     if plain:

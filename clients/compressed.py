@@ -32,6 +32,11 @@ masked), and send values at the kept positions only. A node asked for masks it d
 hold (restarted) or holds other masks than the task names refuses the task with
 :class:`PruningMaskError`: the server then sends the masks again with the next one.
 
+Where this module says ``context.state`` for arrays (the codec's memory, the decoded
+model, the masks), run config ``node-state = "disk"`` puts them in files instead and
+keeps a token in ``context.state`` (:mod:`fedsync.clients.node_state`): what a
+simulation of many nodes needs when the model is large.
+
 In an AB-Training run (``ab-rank``) every task also names the factor it trains and
 brings the frozen other one (:mod:`fedsync.clients.ab_training`); the update is then the
 trained factor's delta for each factored tensor.
@@ -44,7 +49,7 @@ from logging import WARNING
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 
 from fedsync.clients.ab_training import FactoredModel
@@ -52,6 +57,7 @@ from fedsync.clients.faults import FaultInjector
 from fedsync.clients.frame_audit import audit_folder, safe_name
 from fedsync.clients.frame_audit import record as record_frame
 from fedsync.clients.live_state import LIVE, keeps_live_state
+from fedsync.clients.node_state import NodeState, node_state
 from fedsync.clients.state_store import CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
@@ -65,13 +71,13 @@ from fedsync.wire.mask import decode_masks
 from fedsync.wire.shared import advance, decode_shared
 
 CODEC_STATE = "fedsync-codec-state"
-"""``context.state`` record: the uplink codec's sender memory (residuals, step)."""
+"""Node state kind: the uplink codec's sender memory (residuals, step)."""
 DOWNLINK_BASE = "fedsync-downlink-base"
-"""``context.state`` record: the model this node decoded from its last downlink."""
+"""Node state kind: the model this node decoded from its last downlink."""
 FAULT_COUNTER = "fedsync-faults"
 """``context.state`` record: compressed tasks seen, to cycle injected fault kinds."""
 PRUNING_MASK = "fedsync-pruning-mask"
-"""``context.state`` record: the pruning-mask frame this node was sent (a pruned run)."""
+"""Node state kind: the pruning-mask frame this node was sent (a pruned run)."""
 DOWNLINK_VERSION = "fedsync-downlink-version"
 """``context.state`` record: the shared downlink's ``epoch`` and ``version`` of the model
 kept in :data:`DOWNLINK_BASE`."""
@@ -138,10 +144,13 @@ def encode_uplink(
     *,
     partition_id: int,
     masks: Masks | None = None,
+    state: NodeState | None = None,
 ) -> bytes:
     """Compress ``delta`` with this node's error-feedback memory and keep the memory.
 
-    The codec's random choices are seeded by the run's seed and ``partition_id``; node
+    The memory is kept in ``state`` (default: the backend ``node-state`` selects,
+    :mod:`fedsync.clients.node_state`). The codec's random choices are seeded by the
+    run's seed and ``partition_id``; node
     config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clients.state_store`),
     node config ``fault`` corrupts the frame (deployment tests,
     :mod:`fedsync.clients.faults`). With ``FEDSYNC_FRAME_AUDIT`` set, each encode's inputs
@@ -155,6 +164,7 @@ def encode_uplink(
         masks=masks,
     )
     node_config = context.node_config
+    held = state if state is not None else node_state(context, job=task.job)
     store = CodecStateStore.from_node_config(node_config, job=task.job, partition_id=partition_id)
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
     # On an accelerator the residual stays there between tasks (fedsync.clients.live_state);
@@ -163,7 +173,7 @@ def encode_uplink(
     live = keeps_live_state(device)
     key = (context.run_id, context.node_id, partition_id, task.job)
     if not (live and LIVE.take(key, context, codec)):
-        _load_codec_state(codec, context, store, specs)
+        _load_codec_state(codec, held, store, specs)
     audit = audit_folder() if masks is None else None
     before = codec.to_state() if audit is not None else None
     uplink = codec.encode(delta)
@@ -183,7 +193,7 @@ def encode_uplink(
             )
         except (OSError, ValueError) as err:  # a diagnostic: the task goes on without it
             log(WARNING, "[fedsync] frame audit: could not record this encode: %s", err)
-    _save_codec_state(codec, context, store, f"v{task.version}/{task.task_seed}")
+    _save_codec_state(codec, held, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)
     return _maybe_corrupt(uplink, delta, task, context, masks)
@@ -199,8 +209,12 @@ def apply_downlink(
     masks: Masks | None = None,
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
+    state: NodeState | None = None,
 ) -> dict[str, torch.Tensor]:
     """Decode the downlink into the model to start from; remember it if ``keep_base``.
+
+    The model is remembered in ``state`` (default: the backend ``node-state`` selects,
+    :mod:`fedsync.clients.node_state`).
 
     ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs. A
     delta with ``initial_digest`` (a seeded start: the task is this node's first and the
@@ -209,13 +223,12 @@ def apply_downlink(
     not to a base the node holds; its payload is empty while the global model is still
     that version 0.
     """
-    start = _downlink_start(payload, kind, specs, context, masks, initial_digest, initial)
+    held = state if state is not None else node_state(context)
+    start = _downlink_start(payload, kind, specs, held, masks, initial_digest, initial)
     if not keep_base:
-        context.state.array_records.pop(DOWNLINK_BASE, None)
+        held.drop(DOWNLINK_BASE)
         return start
-    context.state.array_records[DOWNLINK_BASE] = ArrayRecord(
-        {name: Array(tensor.numpy()) for name, tensor in start.items()}
-    )
+    held.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
     return start
 
 
@@ -223,7 +236,7 @@ def _downlink_start(
     payload: bytes,
     kind: str,
     specs: Mapping[str, TensorSpec],
-    context: Context,
+    state: NodeState,
     masks: Masks | None,
     initial_digest: str,
     initial: Mapping[str, torch.Tensor] | None,
@@ -237,13 +250,13 @@ def _downlink_start(
         if not payload:
             return base
     else:
-        base_record = context.state.array_records.get(DOWNLINK_BASE)
-        if base_record is None or set(base_record.keys()) != set(specs):
+        base_arrays = state.get(DOWNLINK_BASE)
+        if base_arrays is None or set(base_arrays) != set(specs):
             raise MissingDownlinkBase(
                 "delta downlink but this node holds no base model (restarted?); "
                 "the server must send a full model"
             )
-        base = {name: torch.from_numpy(base_record[name].numpy()) for name in specs}
+        base = {name: torch.from_numpy(base_arrays[name]) for name in specs}
     decoded = densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
     return {name: base[name] + decoded[name] for name in specs}
 
@@ -257,9 +270,10 @@ def apply_shared_downlink(
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
     masks: Masks | None = None,
+    state: NodeState | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Apply a shared downlink (:mod:`fedsync.wire.shared`) and keep the model it gives,
-    with its version, in ``context.state``.
+    """Apply a shared downlink (:mod:`fedsync.wire.shared`) and keep the model it gives
+    (in ``state``), with its version (in ``context.state``).
 
     Parameters
     ----------
@@ -268,7 +282,7 @@ def apply_shared_downlink(
     specs : mapping of str to TensorSpec
         The model's floating-point tensors.
     context : flwr.app.Context
-        The node's context (its model and version are kept in ``context.state``).
+        The node's context (the model's version is kept in ``context.state``).
     version : int
         The model version the task starts from.
     initial_digest : str
@@ -279,6 +293,9 @@ def apply_shared_downlink(
         ``initial_digest``.
     masks : dict of str to torch.Tensor, optional
         The pruning masks a masked frame needs.
+    state : NodeState, optional
+        Where the model is kept (default: the backend ``node-state`` selects,
+        :mod:`fedsync.clients.node_state`).
 
     Raises
     ------
@@ -292,8 +309,9 @@ def apply_shared_downlink(
     MissingDownlinkBase
         If the frame needs a base and the node holds none.
 
-    On any of them ``context.state`` is left as it was.
+    On any of them the node's state is left as it was.
     """
+    held_state = state if state is not None else node_state(context)
     frame = decode_shared(payload) if payload else None
     if frame is not None and frame.target != version:
         raise DownlinkVersionMismatch(
@@ -306,7 +324,7 @@ def apply_shared_downlink(
         held = (
             _initial_base(initial_digest, initial, specs)
             if initial_digest
-            else _held_shared_base(context, specs)
+            else _held_shared_base(context, held_state, specs)
         )
         if held is None:
             raise MissingDownlinkBase(
@@ -324,9 +342,7 @@ def apply_shared_downlink(
             codec = UpdateCodec(masks=masks)
             for _, change in frame.links:
                 start = advance(start, densify(codec.decode(change, expected=specs)), frame.grid)
-    context.state.array_records[DOWNLINK_BASE] = ArrayRecord(
-        {name: Array(tensor.numpy()) for name, tensor in start.items()}
-    )
+    held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
     context.state.config_records[DOWNLINK_VERSION] = ConfigRecord(
         {"epoch": epoch, "version": version}
     )
@@ -353,21 +369,25 @@ def _initial_base(
 
 
 def _held_shared_base(
-    context: Context, specs: Mapping[str, TensorSpec]
+    context: Context, state: NodeState, specs: Mapping[str, TensorSpec]
 ) -> tuple[int, int, dict[str, torch.Tensor]] | None:
     """The shared downlink's model this node holds: ``(epoch, version, tensors)``."""
-    arrays = context.state.array_records.get(DOWNLINK_BASE)
     config = context.state.config_records.get(DOWNLINK_VERSION)
-    if arrays is None or config is None or set(arrays.keys()) != set(specs):
+    arrays = state.get(DOWNLINK_BASE) if config is not None else None
+    if arrays is None or config is None or set(arrays) != set(specs):
         return None
-    tensors = {name: torch.from_numpy(arrays[name].numpy()) for name in specs}
+    tensors = {name: torch.from_numpy(arrays[name]) for name in specs}
     return get_int(config, "epoch", -1), get_int(config, "version", -1), tensors
 
 
 def pruning_masks(
-    task: TrainTask, specs: Mapping[str, TensorSpec], context: Context
+    task: TrainTask,
+    specs: Mapping[str, TensorSpec],
+    context: Context,
+    state: NodeState | None = None,
 ) -> Masks | None:
-    """The pruning masks the task's codecs name, keeping any the task delivers.
+    """The pruning masks the task's codecs name, keeping any the task delivers (in
+    ``state``; default: the backend ``node-state`` selects).
 
     Returns ``None`` when the uplink spec names no masks (no cut yet, or not a pruned
     run).
@@ -388,23 +408,23 @@ def pruning_masks(
                 f"pruning masks cut at model version {delivered.version} came with a task "
                 f"of version {task.version}"
             )
-        context.state.array_records[PRUNING_MASK] = ArrayRecord(
-            {"frame": Array(np.frombuffer(task.mask, dtype=np.uint8).copy())}
-        )
+    held = state if state is not None else node_state(context, job=task.job)
+    if task.mask:
+        held.put(PRUNING_MASK, {"frame": np.frombuffer(task.mask, dtype=np.uint8).copy()})
     sparsifier = parse_spec(task.uplink_codec).sparsifier
     if not isinstance(sparsifier, MaskConfig) or sparsifier.digest is None:
         return None
-    record = context.state.array_records.get(PRUNING_MASK)
+    record = held.get(PRUNING_MASK)
     if record is None or "frame" not in record:
         raise PruningMaskError(
             f"the task's codec {task.uplink_codec!r} names pruning masks this node does not "
             "hold (restarted?); the server must send them again"
         )
-    masks = decode_masks(record["frame"].numpy().tobytes(), specs).masks
-    held = mask_digest(masks)
-    if held != sparsifier.digest:
+    masks = decode_masks(record["frame"].tobytes(), specs).masks
+    digest = mask_digest(masks)
+    if digest != sparsifier.digest:
         raise PruningMaskError(
-            f"the task names pruning masks {sparsifier.digest}, this node holds {held}"
+            f"the task names pruning masks {sparsifier.digest}, this node holds {digest}"
         )
     return masks
 
@@ -428,14 +448,15 @@ def hold_pruned_at_zero(
 
 def _load_codec_state(
     codec: UpdateCodec,
-    context: Context,
+    state: NodeState,
     store: CodecStateStore | None,
     specs: Mapping[str, TensorSpec],
 ) -> None:
-    """Give ``codec`` this node's sender memory: ``context.state`` first, then disk."""
-    record = context.state.array_records.get(CODEC_STATE)
-    if record is not None:  # the fast path: same SuperNode process, same run
-        codec.load_state({key: record[key].numpy() for key in record})
+    """Give ``codec`` this node's sender memory: the node's state first, then
+    ``state-dir``."""
+    arrays = state.get(CODEC_STATE)
+    if arrays is not None:  # the fast path: same SuperNode process, same run
+        codec.load_state(arrays)
         return
     persisted = store.load(specs) if store is not None else None
     if persisted is not None:  # a fresh context: a restarted SuperNode or a resumed job
@@ -443,20 +464,20 @@ def _load_codec_state(
 
 
 def _save_codec_state(
-    codec: UpdateCodec, context: Context, store: CodecStateStore | None, task: str
+    codec: UpdateCodec, state: NodeState, store: CodecStateStore | None, task: str
 ) -> None:
-    """Keep the codec's memory after an encode: disk first, then ``context.state``.
+    """Keep the codec's memory after an encode: ``state-dir`` first, then the node's
+    state.
 
-    Disk first: if the write fails the task fails, and ``context.state`` (kept by
-    Flower even when the ClientApp raises) still holds the memory from before this
-    update, which was then never sent -- consistent either way.
+    ``state-dir`` first: if the write fails the task fails, and the node's state
+    (``context.state`` is kept by Flower even when the ClientApp raises) still holds
+    the memory from before this update, which was then never sent -- consistent either
+    way.
     """
-    state: dict[str, np.ndarray] = codec.to_state()
+    arrays: dict[str, np.ndarray] = codec.to_state()
     if store is not None:
-        store.save(state, task=task)
-    context.state.array_records[CODEC_STATE] = ArrayRecord(
-        {key: Array(value) for key, value in state.items()}
-    )
+        store.save(arrays, task=task)
+    state.put(CODEC_STATE, arrays)
 
 
 def _maybe_corrupt(

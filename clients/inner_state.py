@@ -2,7 +2,8 @@
 
 :class:`fedsync.models.training.InnerOptimizer` holds the local optimizer's moments and
 the device's step count (where its learning-rate schedule stands). Between tasks it
-lives in Flower's ``context.state`` (record :data:`INNER_OPTIMIZER`); with node config
+lives in Flower's ``context.state`` (record :data:`INNER_OPTIMIZER`; or in a file, with
+``node-state = "disk"``: :mod:`fedsync.clients.node_state`); with node config
 ``state-dir`` it is also written to ``<state-dir>/optim-<job>-p<partition>.npz`` after
 every task (crash-safe, :mod:`fedsync.persist`) and read back by a restarted node,
 like the codec's error-feedback residual (:mod:`fedsync.clients.state_store`). A file
@@ -27,9 +28,10 @@ from typing import Any, Final
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import Context
 from flwr.common.logger import log
 
+from fedsync.clients.node_state import NodeState, node_state
 from fedsync.clients.state_store import STATE_DIR, check_owner, node_state_path
 from fedsync.models.training import InnerOptimizer
 from fedsync.persist import PersistError, parse_arrays, save_arrays
@@ -37,7 +39,8 @@ from fedsync.persist import PersistError, parse_arrays, save_arrays
 __all__ = ["INNER_OPTIMIZER", "keep_inner_optimizer", "restore_inner_optimizer"]
 
 INNER_OPTIMIZER: Final = "fedsync-inner-optimizer"
-"""``context.state`` record: the device's inner optimizer (moments and step count)."""
+"""Node state kind (:mod:`fedsync.clients.node_state`): the device's inner optimizer
+(moments and step count)."""
 FORMAT: Final = 1
 """Version of the file's layout (its header says which it is)."""
 
@@ -45,7 +48,12 @@ _STEPS = "steps"
 
 
 def restore_inner_optimizer(
-    context: Context, *, job: str = "", partition_id: int = 0, keep_moments: bool = True
+    context: Context,
+    *,
+    job: str = "",
+    partition_id: int = 0,
+    keep_moments: bool = True,
+    state: NodeState | None = None,
 ) -> InnerOptimizer:
     """This device's inner optimizer: from ``context.state``, else from ``state-dir``
     (a restarted node), else a fresh one.
@@ -60,12 +68,12 @@ def restore_inner_optimizer(
         The node's partition (part of the file name).
     keep_moments : bool
         ``False`` (``client-optimizer-state = "reset"``): only the step count.
+    state : NodeState, optional
+        Where the node keeps it (default: the backend ``node-state`` selects).
     """
-    record = context.state.array_records.get(INNER_OPTIMIZER)
-    arrays: Mapping[str, np.ndarray] | None = None
-    if record is not None:
-        arrays = {name: array.numpy() for name, array in record.items()}
-    else:
+    held = state if state is not None else node_state(context, job=job)
+    arrays: Mapping[str, np.ndarray] | None = held.get(INNER_OPTIMIZER)
+    if arrays is None:
         path = _path(context.node_config, job, partition_id)
         if path is not None:
             arrays = _read(path, job, partition_id)
@@ -75,14 +83,18 @@ def restore_inner_optimizer(
 
 
 def keep_inner_optimizer(
-    inner: InnerOptimizer, context: Context, *, job: str = "", partition_id: int = 0
+    inner: InnerOptimizer,
+    context: Context,
+    *,
+    job: str = "",
+    partition_id: int = 0,
+    state: NodeState | None = None,
 ) -> None:
-    """Keep ``inner`` in ``context.state`` and, with node config ``state-dir`` and a
-    ``job``, on disk."""
+    """Keep ``inner`` in ``state`` (default: the backend ``node-state`` selects) and,
+    with node config ``state-dir`` and a ``job``, on disk."""
     arrays = _to_arrays(inner)
-    context.state.array_records[INNER_OPTIMIZER] = ArrayRecord(
-        {name: Array(array) for name, array in arrays.items()}
-    )
+    held = state if state is not None else node_state(context, job=job)
+    held.put(INNER_OPTIMIZER, arrays)
     path = _path(context.node_config, job, partition_id)
     if path is not None:
         meta = {"format": FORMAT, "job": job, "partition": partition_id, "steps": inner.steps}

@@ -49,6 +49,7 @@ from fedsync.clients.compressed import (
     uplink_delta,
 )
 from fedsync.clients.inner_state import keep_inner_optimizer, restore_inner_optimizer
+from fedsync.clients.node_state import NodeState, node_state
 from fedsync.compat import in_simulation_engine
 from fedsync.config import node_partition
 from fedsync.models.training import InnerOptimizer
@@ -78,7 +79,8 @@ class Task:
     message : flwr.app.Message
         The train message.
     context : flwr.app.Context
-        The ClientApp's context (``context.state`` keeps the codec's memory).
+        The ClientApp's context (``context.state`` keeps the codec's memory, or with
+        ``node-state = "disk"`` tokens of the files that do).
     model : torch.nn.Module
         Your model, loaded with the start model.
     module : torch.nn.Module
@@ -103,6 +105,7 @@ class Task:
     _factored: FactoredModel | None = field(default=None, repr=False)
     _hooks: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list, repr=False)
     _received_at: float = field(default_factory=time.perf_counter, repr=False)
+    _state: NodeState | None = field(default=None, repr=False)
 
     @property
     def version(self) -> int:
@@ -129,7 +132,16 @@ class Task:
             job=self._job,
             partition_id=_partition_id(self.context),
             keep_moments=keep_moments,
+            state=self.node_state,
         )
+
+    @property
+    def node_state(self) -> NodeState:
+        """Where this node keeps its arrays between tasks (run or node config
+        ``node-state``: :mod:`fedsync.clients.node_state`)."""
+        if self._state is None:
+            self._state = node_state(self.context, job=self._job)
+        return self._state
 
     @property
     def _job(self) -> str:
@@ -177,7 +189,11 @@ class Task:
         values[protocol.COMPUTE_SECONDS] = time.perf_counter() - self._received_at
         if inner is not None:
             keep_inner_optimizer(
-                inner, self.context, job=self._job, partition_id=_partition_id(self.context)
+                inner,
+                self.context,
+                job=self._job,
+                partition_id=_partition_id(self.context),
+                state=self.node_state,
             )
         if self.compressed is None:
             state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
@@ -193,6 +209,7 @@ class Task:
             self.context,
             partition_id=_partition_id(self.context),
             masks=self._masks,
+            state=self.node_state,
         )
         values[protocol.UPLINK_BYTES] = len(uplink)
         reply = TrainReply(uplink, {k: float(v) for k, v in values.items()})
@@ -254,9 +271,10 @@ def receive(
             model.to(device)
         return Task(msg, context, model, model, config)
     task = TrainTask.from_record(content, run_id=context.run_id)
+    state = node_state(context, job=task.job)
     given = model_state(model)
     specs = tensor_specs(given)
-    masks = pruning_masks(task, specs, context)
+    masks = pruning_masks(task, specs, context, state)
     # The model as given, before any load: the seeded version 0 when built so.
     initial = given if task.initial_digest else None
     if task.downlink_kind == "shared":
@@ -268,6 +286,7 @@ def receive(
             initial_digest=task.initial_digest,
             initial=initial,
             masks=masks,
+            state=state,
         )
     else:
         start = apply_downlink(
@@ -279,6 +298,7 @@ def receive(
             masks=masks,
             initial_digest=task.initial_digest,
             initial=initial,
+            state=state,
         )
     model.load_state_dict(start, strict=False)
     factored: FactoredModel | None = None
@@ -302,6 +322,7 @@ def receive(
         _masks=masks,
         _factored=factored,
         _hooks=hold_pruned_at_zero(model, masks),
+        _state=state,
     )
 
 

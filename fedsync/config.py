@@ -61,6 +61,7 @@ __all__ = [
     "FedAvgSection",
     "GuardSection",
     "KeyInfo",
+    "NodeSection",
     "OutputSection",
     "RunConfig",
     "RuntimeSection",
@@ -806,6 +807,36 @@ class GuardSection(Section):
             _fail("norm-outlier-factor", "must be 0 (off) or > 1", factor)
 
 
+NODE_STATE_BACKENDS = ("context", "disk")
+"""Where a node keeps its per-node arrays between tasks (``node-state``)."""
+
+
+@dataclass(frozen=True)
+class NodeSection(Section):
+    """Where a node keeps its per-node arrays (:mod:`fedsync.clients.node_state`); a
+    node's node config may set the same keys, and wins."""
+
+    title: ClassVar[str] = "per-node state"
+
+    node_state: str = key(
+        "context",
+        "where a node keeps its error-feedback residual, last decoded model, pruning masks "
+        "and inner optimizer between tasks: `context` (Flower's `context.state`: in a "
+        "simulation, the simulation process's memory) / `disk` (files under "
+        "`node-state-dir`; the context keeps a token: memory bounded by the nodes "
+        "training at once)",
+    )
+    node_state_dir: str = key(
+        "",
+        'folder of `node-state = "disk"`; empty: `fedsync-node-state` in the system\'s '
+        "temporary folder",
+    )
+
+    def __post_init__(self) -> None:
+        if self.node_state not in NODE_STATE_BACKENDS:
+            _fail("node-state", f"must be one of {', '.join(NODE_STATE_BACKENDS)}", self.node_state)
+
+
 SECTIONS: tuple[tuple[str, type[Section]], ...] = (
     ("training", TrainingSection),
     ("fedavg", FedAvgSection),
@@ -817,6 +848,7 @@ SECTIONS: tuple[tuple[str, type[Section]], ...] = (
     ("output", OutputSection),
     ("checkpoints", CheckpointSection),
     ("guard", GuardSection),
+    ("node", NodeSection),
 )
 """The sections of :class:`RunConfig`, by attribute name, in docs/configuration.md's order."""
 
@@ -845,6 +877,7 @@ class RunConfig:
     output: OutputSection = field(default_factory=OutputSection)
     checkpoints: CheckpointSection = field(default_factory=CheckpointSection)
     guard: GuardSection = field(default_factory=GuardSection)
+    node: NodeSection = field(default_factory=NodeSection)
 
     BASELINE: ClassVar[str] = "fedavg"
 

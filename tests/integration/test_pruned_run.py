@@ -3,7 +3,9 @@
 The server cuts the global model at version 1; each node gets the masks once with its
 next task, and from then on every update (and downlink) is values at the kept
 positions. Checked from what the run left behind: the events (real frame lengths) and
-the final checkpoint (the pruned weights are still exactly zero).
+the final checkpoint (the pruned weights are still exactly zero). The nodes keep their
+per-node arrays on disk (``node-state = "disk"``): masks, decoded models and residuals
+go through files, and the run has no error.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def test_a_pruned_run_sends_kept_values_only_and_keeps_pruned_weights_zero(
             "prune-at-version": PRUNE_AT,
             "prune-sparsity": 0.8,
             "plots": False,
+            "node-state": "disk",
+            "node-state-dir": str(tmp_path / "node-state"),
         },
         name="pruned",
     )
@@ -80,3 +84,8 @@ def test_a_pruned_run_sends_kept_values_only_and_keeps_pruned_weights_zero(
     mask_sends = Counter(e["node"] for e in dispatches.values() if e["mask_bytes"] > 0)
     assert set(mask_sends.values()) == {1} and len(mask_sends) == 3
     assert prune["mask_bytes"] in {e["mask_bytes"] for e in dispatches.values()}
+
+    # --- every node's arrays went through node-state-dir (one job folder) ---
+    (job,) = (tmp_path / "node-state").iterdir()
+    for kind in ("fedsync-pruning-mask", "fedsync-codec-state", "fedsync-downlink-base"):
+        assert len(list(job.glob(f"n*-{kind}.npz"))) == 3, kind

@@ -1,0 +1,187 @@
+"""Per-node arrays in files (``node-state = "disk"``) behave as in ``context.state``.
+
+The real ClientApp path (:func:`fedsync.clients.app.train_task`: decode the downlink,
+train on digits, error-feedback encode) with hand-built Flower Messages: a full
+downlink, then delta downlinks against the model the node kept. The node with its
+arrays on disk must send bit for bit what the node with them in its context sends,
+while its context holds tokens only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedsync import protocol
+from fedsync.clients.app import train_task
+from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE, MissingDownlinkBase
+from fedsync.clients.node_state import (
+    DEFAULT_FOLDER,
+    ContextState,
+    DiskState,
+    node_state,
+    node_state_settings,
+)
+from fedsync.clients.runtime import ClientRuntime
+from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig, SettingsError
+from fedsync.protocol import TrainTask
+from fedsync.task import model_for, model_state
+
+RUN_CONFIG: dict[str, Any] = {"dataset": "digits", "seed": 0}
+UPLINK = "topk:0.05+uniform:4+ef"  # coarse: a good share of each update stays behind
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _task_identity() -> Iterator[None]:
+    # Flower sets these in a ClientApp process; Message() needs them.
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("_run_id", "_node_id", "_task_id"):
+            patch.setattr(TaskIdentity, name, 1)
+        yield
+
+
+def global_model(version: int) -> dict[str, torch.Tensor]:
+    """The server's model at ``version``: the initial model moved a little per version."""
+    state = model_state(model_for(RunConfig.from_run_config(RUN_CONFIG).training))
+    generator = torch.Generator().manual_seed(version)
+    return {
+        name: tensor + 0.01 * version * torch.randn(tensor.shape, generator=generator)
+        for name, tensor in state.items()
+    }
+
+
+def task(number: int) -> Message:
+    """Task 0 brings the whole model; later ones the delta from the previous version."""
+    if number == 0:
+        payload, kind = UpdateCodec("none+fp32").encode(global_model(0)), "full"
+    else:
+        before, after = global_model(number - 1), global_model(number)
+        delta = {name: after[name] - before[name] for name in after}
+        payload, kind = UpdateCodec("none+fp32").encode(delta), "delta"
+    train = TrainTask(
+        payload=payload,
+        downlink_kind=kind,
+        version=number,
+        uplink_codec=UPLINK,
+        task_seed=1000 + number,
+        job="job-1",
+        local_epochs=1,
+        local_steps=3,
+        batch_size=32,
+        learning_rate=0.1,
+        momentum=0.9,
+        proximal_mu=0.0,
+        delta_downlinks=True,
+    )
+    message = Message(train.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
+    message.metadata.__dict__["_message_id"] = f"task-{number}"
+    return message
+
+
+def node(run_config: dict[str, Any] | None = None, **node_config: Any) -> Context:
+    return Context(
+        run_id=7,
+        node_id=3,
+        node_config={"partition-id": 1, "num-partitions": 3, **node_config},
+        state=RecordDict(),
+        run_config={**RUN_CONFIG, **(run_config or {})},
+    )
+
+
+def uplink(message: Message, context: Context) -> bytes:
+    reply = train_task(message, context, ClientRuntime.from_context(context))
+    assert reply.has_content(), reply.error
+    return bytes(reply.content.array_records[protocol.UPLINK][protocol.PAYLOAD].numpy().tobytes())
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[bytes]:
+    """Three tasks on a node that keeps its arrays in ``context.state``."""
+    context = node()
+    sent = [uplink(task(number), context) for number in range(3)]
+    assert {CODEC_STATE, DOWNLINK_BASE} <= set(context.state.array_records)
+    return sent
+
+
+def test_a_node_with_its_arrays_on_disk_sends_what_a_node_with_them_in_its_context_sends(
+    tmp_path: Path, reference: list[bytes]
+) -> None:
+    context = node({"node-state": "disk", "node-state-dir": str(tmp_path)})
+    sent = [uplink(task(number), context) for number in range(3)]
+    assert sent == reference  # the residual and the delta base came back exactly
+    assert len(context.state.array_records) == 0  # Flower ships tokens only
+    files = sorted(path.name for path in (tmp_path / "job-1").iterdir())
+    assert files == ["n3-fedsync-codec-state.npz", "n3-fedsync-downlink-base.npz"]
+
+
+def test_a_file_the_context_does_not_name_reads_as_absent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    context = node({"node-state": "disk", "node-state-dir": str(tmp_path)})
+    uplink(task(0), context)
+    before = RecordDict()
+    for name, record in context.state.config_records.items():
+        before.config_records[name] = record.copy()
+    uplink(task(1), context)  # rewrites both files under new tokens
+    # As after a task that failed once its files were written: Flower keeps the context
+    # from before it, whose tokens name the previous files.
+    stale = Context(
+        run_id=7,
+        node_id=3,
+        node_config=context.node_config,
+        state=before,
+        run_config=context.run_config,
+    )
+    state = node_state(stale, job="job-1")
+    with caplog.at_level(logging.WARNING):
+        assert state.get(DOWNLINK_BASE) is None
+    assert "reads as absent" in caplog.text and "token" in caplog.text
+    # A delta then needs the whole model again, as on a restarted node.
+    with pytest.raises(MissingDownlinkBase, match="holds no base model"):
+        train_task(task(2), stale, ClientRuntime.from_context(stale))
+
+
+def test_the_backends_keep_put_get_and_drop_alike(tmp_path: Path) -> None:
+    arrays: dict[str, np.ndarray] = {
+        "a": np.arange(5, dtype=np.float32),
+        "b": np.ones((2, 3), dtype=np.float64),
+    }
+    for state in (ContextState(node()), DiskState(node(), tmp_path, job="j/1")):
+        assert state.get("kind") is None
+        state.put("kind", arrays)
+        held = state.get("kind")
+        assert held is not None and held.keys() == arrays.keys()
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(held[name], value)
+            assert held[name].dtype == value.dtype
+        state.drop("kind")
+        assert state.get("kind") is None
+        state.drop("kind")  # dropping nothing is fine
+    assert list((tmp_path / "j_1").iterdir()) == []  # the file went with the drop
+
+
+def test_node_config_wins_over_the_run_config_and_values_are_checked(tmp_path: Path) -> None:
+    assert node_state_settings(node()).node_state == "context"
+    assert isinstance(node_state(node()), ContextState)
+    in_run = node({"node-state": "disk"})
+    assert isinstance(node_state(in_run), DiskState)
+    default = node_state(in_run, job="j")
+    assert isinstance(default, DiskState) and default.folder.parts[-2:] == (DEFAULT_FOLDER, "j")
+    overridden = node({"node-state": "disk"}, **{"node-state": "context"})
+    assert isinstance(node_state(overridden), ContextState)
+    prefixed = node({"fedsync.node-state": "disk", "fedsync.node-state-dir": str(tmp_path)})
+    named = node_state(prefixed, job="j")
+    assert isinstance(named, DiskState) and named.folder == tmp_path / "j"
+    with pytest.raises(SettingsError, match="'node-state' must be one of context, disk"):
+        node_state(node({"node-state": "memory"}))
+    with pytest.raises(SettingsError, match="'node-state-dir' must be str"):
+        node_state(node({"node-state": "disk", "node-state-dir": 3}))
