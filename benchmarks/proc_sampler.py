@@ -37,6 +37,8 @@ class TreeSampler:
     ----------
     root : int
         The tree's root pid.
+    extra_roots : list of int
+        More trees sampled with it (the nodes of a Ray cluster the run joined).
     interval : float
         Seconds between samples.
     progress : callable
@@ -44,6 +46,7 @@ class TreeSampler:
     """
 
     root: int
+    extra_roots: list[int] = field(default_factory=list)
     interval: float = 1.0
     progress: Callable[[], int] = lambda: 0
     samples: list[Sample] = field(default_factory=list, init=False)
@@ -71,7 +74,8 @@ class TreeSampler:
     def sample_once(self) -> Sample:
         """Take one sample now (also what the thread does)."""
         rss: dict[int, int] = {}
-        for pid in descendants(self.root):
+        roots = (self.root, *self.extra_roots)
+        for pid in dict.fromkeys(pid for root in roots for pid in descendants(root)):
             value = rss_bytes(pid)
             if value is None:
                 continue

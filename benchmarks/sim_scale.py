@@ -39,6 +39,12 @@ What it reports (JSON under ``benchmarks/results/`` and a PNG of RSS over time):
   seconds with the number of updates so far: peak, and the slope in MB per 1,000
   updates after warm-up (the first ``--warmup`` fraction of the updates).
 
+``--ray-cluster N`` runs the simulation on a Ray cluster of ``N`` nodes started on this
+machine (:class:`fedsync.deploy.ray_cluster.LocalRayCluster`, one CPU each): Flower's
+simulation joins it through ``RAY_ADDRESS`` instead of starting its own Ray, and its
+ClientApp actors run on every node. RSS is then sampled under the cluster's node
+processes too.
+
 ``--against-nodes A.json B.json ... --out nodes.json`` runs nothing: it reads earlier
 results and writes, per number of nodes, updates per second, start-up seconds and the
 peak RSS of the whole process tree, with a PNG of them against nodes beside the JSON.
@@ -80,6 +86,7 @@ from benchmarks.proc_sampler import TreeSampler, rss_report
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.deploy import DeploymentError, LocalSuperLink
+from fedsync.deploy.ray_cluster import LocalRayCluster, RayNodeSpec
 from fedsync.models.registry import build_model
 from fedsync.reports.provenance import git_commit, provenance
 from fedsync.task import model_for, model_state, tensor_specs
@@ -482,6 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "more than the cores runs more ClientApp actors than cores",
     )
     parser.add_argument(
+        "--ray-cluster",
+        type=int,
+        default=0,
+        help="start a Ray cluster of this many nodes here (one CPU each) and run the "
+        "simulation on it (0: Flower starts its own Ray)",
+    )
+    parser.add_argument(
         "--probe-timeout",
         type=float,
         default=900.0,
@@ -545,7 +559,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = [str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     ray_tmpdir = ""
-    if not os.environ.get("RAY_ADDRESS"):
+    cluster: LocalRayCluster | None = None
+    if args.ray_cluster > 0:
+        workers = (RayNodeSpec(f"worker{i}") for i in range(1, args.ray_cluster))
+        specs = [RayNodeSpec("head"), *workers]
+        cluster = LocalRayCluster(run_dir / "ray", nodes=specs).start()
+        os.environ.update(cluster.env())
+    elif not os.environ.get("RAY_ADDRESS"):
         # Without an address ray.init() joins the cluster the last `ray start` on this
         # machine wrote into <ray temp>/ray_current_cluster (anyone's, even a dead one):
         # a private temp root makes the simulation start its own Ray.
@@ -555,7 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     link.start()
     assert link.process is not None
-    sampler = TreeSampler(link.process.pid, interval=args.interval, progress=counter).start()
+    sampler = TreeSampler(
+        link.process.pid,
+        extra_roots=[process.pid for process in cluster.processes] if cluster else [],
+        interval=args.interval,
+        progress=counter,
+    ).start()
     error = ""
     try:
         outcome = link.run_app(
@@ -577,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall = time.monotonic() - started
         sampler.stop()
         link.stop()
+        if cluster is not None:
+            cluster.stop()
+            os.environ.pop("RAY_ADDRESS", None)
         if ray_tmpdir:
             shutil.rmtree(ray_tmpdir, ignore_errors=True)
     print(f"[sim_scale] {args.nodes} nodes: {status} in {wall:.1f} s ({details})", flush=True)

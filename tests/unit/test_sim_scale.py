@@ -1,15 +1,26 @@
 """``benchmarks.sim_scale``'s pieces that run without a simulation: the same tasks with no
 Flower (real digits data, spawned workers), the ratios against a baseline tree's result,
-and the figures against nodes."""
+the figures against nodes, ``--set`` entries, the count of node-state files, and the RSS
+sampler over several process trees."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.sim_scale import against_nodes, baseline_ratios, plain_tasks
+from benchmarks.proc_sampler import TreeSampler
+from benchmarks.sim_scale import (
+    against_nodes,
+    baseline_ratios,
+    node_state_files,
+    plain_tasks,
+    setting,
+)
 
 
 def test_the_plain_loop_runs_the_tasks_on_its_workers() -> None:
@@ -54,3 +65,40 @@ def test_results_against_nodes_are_sorted_with_their_peaks(tmp_path: Path) -> No
     ]
     assert json.loads(out.read_text())["against_nodes"] == rows
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_set_reads_toml_literals_and_falls_back_to_text() -> None:
+    assert setting("concurrency=8") == ("concurrency", 8)
+    assert setting("node-state=disk") == ("node-state", "disk")
+    assert setting('node-state-dir="/tmp/a b"') == ("node-state-dir", "/tmp/a b")
+    assert setting("plots=false") == ("plots", False)
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        setting("node-state")
+
+
+def test_node_state_files_are_counted_by_node(tmp_path: Path) -> None:
+    job = tmp_path / "job-1"
+    job.mkdir()
+    for name, size in (("n3-codec.npz", 10), ("n3-base.npz", 30), ("n7-codec.npz", 5)):
+        (job / name).write_bytes(b"x" * size)
+    (job / ".n9-codec.npz.1.tmp").write_bytes(b"x")  # a write cut short: not state
+    assert node_state_files(tmp_path) == {
+        "files": 3,
+        "bytes": 45,
+        "largest_file_bytes": 30,
+        "nodes": 2,
+    }
+
+
+def test_the_sampler_reads_every_tree_it_is_given() -> None:
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
+    sleepers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+    try:
+        sampler = TreeSampler(sleepers[0].pid, extra_roots=[sleepers[1].pid])
+        sample = sampler.sample_once()
+        assert {p.pid for p in sleepers} <= set(sample.rss)
+        assert all(sample.rss[p.pid] > 0 for p in sleepers)
+    finally:
+        for process in sleepers:
+            process.kill()
+            process.wait()
