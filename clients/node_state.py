@@ -15,8 +15,9 @@ arrays goes to a file under ``node-state-dir`` instead, one per node and kind,
 ``<dir>/<job>/n<node>-<kind>.npz``, and ``context.state`` keeps only a token naming the
 file's content. Resident memory is then what the nodes training at this moment hold
 (one node's state per ClientApp actor); the files take ``nodes x state`` of disk. The
-files are scratch space, not a checkpoint: written atomically but without ``fsync``, and
-read only when the context's token matches the file's. A file another run, another
+files are scratch space, not a checkpoint: written in place without ``fsync``, and
+read only when the context's token matches the file's (a write cut short fails to
+parse, or names another token). A file another run, another
 node or a task that failed after writing left behind does not match; it reads as absent
 (with a warning), which every caller already handles: the codec starts a fresh
 residual, a delta downlink is refused and the server resends the whole model. Nothing
@@ -44,7 +45,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 
 from fedsync.config import NodeSection, SettingsError
-from fedsync.persist import PersistError, load_arrays, save_arrays
+from fedsync.persist import PersistError, arrays_bytes, load_arrays
 
 __all__ = [
     "DEFAULT_FOLDER",
@@ -118,6 +119,7 @@ class DiskState(NodeState):
         self.context = context
         name = _SAFE.sub("_", job or f"run-{context.run_id}")[:80]
         self.folder = Path(folder).expanduser() / name
+        self._made = False
 
     def path(self, kind: str) -> Path:
         """The file that holds ``kind``."""
@@ -144,8 +146,14 @@ class DiskState(NodeState):
     def put(self, kind: str, arrays: Mapping[str, np.ndarray]) -> None:
         token = secrets.token_hex(8)
         meta = {"format": FORMAT, "token": token, "kind": kind, "node": self.context.node_id}
-        # Scratch state: a power cut loses the run anyway, so no fsync.
-        save_arrays(self.path(kind), arrays, meta, durable=False)
+        data = arrays_bytes(arrays, meta)
+        if not self._made:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._made = True
+        # Written in place: no temporary file, no rename, no fsync (scratch state). A
+        # write cut short leaves a file that fails to parse or names another token, and
+        # the context is only told the new token once the file holds it.
+        self.path(kind).write_bytes(data)
         self.context.state.config_records[kind + _TOKEN_SUFFIX] = ConfigRecord({"token": token})
         self.context.state.array_records.pop(kind, None)
 

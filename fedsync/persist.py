@@ -30,6 +30,7 @@ __all__ = [
     "JOB_KEY",
     "META_KEY",
     "PersistError",
+    "arrays_bytes",
     "atomic_write_bytes",
     "atomic_write_text",
     "bytes_digest",
@@ -109,6 +110,17 @@ def save_arrays(
     ValueError
         If an array is named :data:`META_KEY` or holds Python objects.
     """
+    return atomic_write_bytes(path, arrays_bytes(arrays, meta), durable=durable)
+
+
+def arrays_bytes(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> bytes:
+    """The bytes :func:`save_arrays` writes (for a caller that writes them itself).
+
+    Raises
+    ------
+    ValueError
+        If an array is named :data:`META_KEY` or holds Python objects.
+    """
     if META_KEY in arrays:
         raise ValueError(f"array name {META_KEY!r} is reserved for the header")
     entries: dict[str, np.ndarray] = {}
@@ -121,7 +133,7 @@ def save_arrays(
     entries[META_KEY] = np.frombuffer(header, dtype=np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **entries)  # type: ignore[arg-type]
-    return atomic_write_bytes(path, buffer.getvalue(), durable=durable)
+    return buffer.getvalue()
 
 
 def load_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

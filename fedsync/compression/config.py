@@ -12,6 +12,7 @@ stages, :class:`~fedsync.compression.spec.PipelineConfig`, and the parser live i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from abc import ABC, abstractmethod
@@ -175,8 +176,15 @@ class QuantizerConfig(StageConfig):
 
 def stage_fields(cls: type[StageConfig]) -> dict[str, Any]:
     """A stage config's fields (the spec's keys, in order) and their resolved types."""
+    return dict(_stage_fields(cls))
+
+
+@functools.cache
+def _stage_fields(cls: type[StageConfig]) -> tuple[tuple[str, Any], ...]:
+    # Resolving the annotations is the slow part of parsing a spec, and a class's
+    # never change: once per class and process.
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def _format_value(value: Any) -> str:
