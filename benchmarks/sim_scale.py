@@ -120,7 +120,7 @@ def run_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
         "results-dir": str(results_dir),
         "run-name": "scale",
         "seed": 0,
-        **dict(setting(item) for item in args.set),
+        **dict(args.set),
     }
 
 
@@ -516,10 +516,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--set",
         action="append",
+        type=setting,
         default=[],
         metavar="KEY=VALUE",
         help="a run-config entry on top of the scale run's (repeatable), e.g. "
-        "--set node-state='\"disk\"' or --set downlink-kind=shared",
+        "--set node-state=disk or --set concurrency=8",
     )
     parser.add_argument(
         "--keep-node-state",

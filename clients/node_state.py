@@ -32,7 +32,6 @@ built on :func:`fedsync.clientapp.receive` needs nothing else.
 from __future__ import annotations
 
 import abc
-import re
 import secrets
 import tempfile
 from collections.abc import Mapping
@@ -44,6 +43,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 
+from fedsync.clients.frame_audit import safe_name
 from fedsync.config import NodeSection, SettingsError
 from fedsync.persist import PersistError, arrays_bytes, load_arrays
 
@@ -61,7 +61,6 @@ DEFAULT_FOLDER: Final = "fedsync-node-state"
 FORMAT: Final = 1
 """Version of a state file's layout (its header says which it is)."""
 _TOKEN_SUFFIX: Final = "@disk"
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 class NodeState(abc.ABC):
@@ -110,20 +109,18 @@ class DiskState(NodeState):
         The node's context: its ``node_id`` names the files, its ``state`` keeps each
         file's token (config record ``<kind>@disk``).
     folder : pathlib.Path
-        Where the files go (created on the first write).
+        Where the files go (created when a file is written).
     job : str
         The training job (a subfolder; a task without one uses ``run-<run id>``).
     """
 
     def __init__(self, context: Context, folder: Path, *, job: str = "") -> None:
         self.context = context
-        name = _SAFE.sub("_", job or f"run-{context.run_id}")[:80]
-        self.folder = Path(folder).expanduser() / name
-        self._made = False
+        self.folder = Path(folder).expanduser() / safe_name(job or f"run-{context.run_id}")[:80]
 
     def path(self, kind: str) -> Path:
         """The file that holds ``kind``."""
-        return self.folder / f"n{self.context.node_id}-{_SAFE.sub('_', kind)}.npz"
+        return self.folder / f"n{self.context.node_id}-{safe_name(kind)}.npz"
 
     def get(self, kind: str) -> dict[str, np.ndarray] | None:
         record = self.context.state.config_records.get(kind + _TOKEN_SUFFIX)
@@ -147,19 +144,15 @@ class DiskState(NodeState):
         token = secrets.token_hex(8)
         meta = {"format": FORMAT, "token": token, "kind": kind, "node": self.context.node_id}
         data = arrays_bytes(arrays, meta)
-        if not self._made:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._made = True
+        self.folder.mkdir(parents=True, exist_ok=True)
         # Written in place: no temporary file, no rename, no fsync (scratch state). A
         # write cut short leaves a file that fails to parse or names another token, and
         # the context is only told the new token once the file holds it.
         self.path(kind).write_bytes(data)
         self.context.state.config_records[kind + _TOKEN_SUFFIX] = ConfigRecord({"token": token})
-        self.context.state.array_records.pop(kind, None)
 
     def drop(self, kind: str) -> None:
         self.context.state.config_records.pop(kind + _TOKEN_SUFFIX, None)
-        self.context.state.array_records.pop(kind, None)
         self.path(kind).unlink(missing_ok=True)
 
 
