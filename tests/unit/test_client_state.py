@@ -52,12 +52,20 @@ def global_model() -> dict[str, torch.Tensor]:
 
 
 def task(
-    number: int, *, job: str = "job-1", version: int = 0, delta_downlinks: bool = False
+    number: int,
+    *,
+    job: str = "job-1",
+    version: int = 0,
+    delta_downlinks: bool = False,
+    payload: bytes | None = None,
+    downlink_kind: str = "full",
 ) -> Message:
-    """A compressed train task with a full fp32 downlink of the initial model."""
+    """A compressed train task; by default with a full fp32 downlink of the initial model."""
+    if payload is None:
+        payload = UpdateCodec("none+fp32").encode(global_model())
     train = TrainTask(
-        payload=UpdateCodec("none+fp32").encode(global_model()),
-        downlink_kind="full",
+        payload=payload,
+        downlink_kind=downlink_kind,
         version=version,
         uplink_codec=UPLINK,
         task_seed=1000 + number,

@@ -10,17 +10,14 @@ while its context holds tokens only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Context, Message, RecordDict
 
-from fedsync import protocol
 from fedsync.clients.app import train_task
 from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE, MissingDownlinkBase
 from fedsync.clients.node_state import (
@@ -32,59 +29,38 @@ from fedsync.clients.node_state import (
 )
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
-from fedsync.config import RunConfig, SettingsError
-from fedsync.protocol import TrainTask
-from fedsync.task import model_for, model_state
-
-RUN_CONFIG: dict[str, Any] = {"dataset": "digits", "seed": 0}
-UPLINK = "topk:0.05+uniform:4+ef"  # coarse: a good share of each update stays behind
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _task_identity() -> Iterator[None]:
-    # Flower sets these in a ClientApp process; Message() needs them.
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("_run_id", "_node_id", "_task_id"):
-            patch.setattr(TaskIdentity, name, 1)
-        yield
+from fedsync.config import SettingsError
+from tests.unit.test_client_state import (  # the same node, task and reply helpers
+    RUN_CONFIG,
+    _task_identity,  # noqa: F401 (an autouse fixture: Message() needs Flower's ids)
+    global_model,
+    uplink,
+)
+from tests.unit.test_client_state import task as train_message
 
 
-def global_model(version: int) -> dict[str, torch.Tensor]:
+def model_at(version: int) -> dict[str, torch.Tensor]:
     """The server's model at ``version``: the initial model moved a little per version."""
-    state = model_state(model_for(RunConfig.from_run_config(RUN_CONFIG).training))
     generator = torch.Generator().manual_seed(version)
     return {
         name: tensor + 0.01 * version * torch.randn(tensor.shape, generator=generator)
-        for name, tensor in state.items()
+        for name, tensor in global_model().items()
     }
 
 
 def task(number: int) -> Message:
     """Task 0 brings the whole model; later ones the delta from the previous version."""
     if number == 0:
-        payload, kind = UpdateCodec("none+fp32").encode(global_model(0)), "full"
-    else:
-        before, after = global_model(number - 1), global_model(number)
-        delta = {name: after[name] - before[name] for name in after}
-        payload, kind = UpdateCodec("none+fp32").encode(delta), "delta"
-    train = TrainTask(
-        payload=payload,
-        downlink_kind=kind,
+        return train_message(0, delta_downlinks=True)
+    before, after = model_at(number - 1), model_at(number)
+    delta = {name: after[name] - before[name] for name in after}
+    return train_message(
+        number,
         version=number,
-        uplink_codec=UPLINK,
-        task_seed=1000 + number,
-        job="job-1",
-        local_epochs=1,
-        local_steps=3,
-        batch_size=32,
-        learning_rate=0.1,
-        momentum=0.9,
-        proximal_mu=0.0,
         delta_downlinks=True,
+        payload=UpdateCodec("none+fp32").encode(delta),
+        downlink_kind="delta",
     )
-    message = Message(train.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
-    message.metadata.__dict__["_message_id"] = f"task-{number}"
-    return message
 
 
 def node(run_config: dict[str, Any] | None = None, **node_config: Any) -> Context:
@@ -95,12 +71,6 @@ def node(run_config: dict[str, Any] | None = None, **node_config: Any) -> Contex
         state=RecordDict(),
         run_config={**RUN_CONFIG, **(run_config or {})},
     )
-
-
-def uplink(message: Message, context: Context) -> bytes:
-    reply = train_task(message, context, ClientRuntime.from_context(context))
-    assert reply.has_content(), reply.error
-    return bytes(reply.content.array_records[protocol.UPLINK][protocol.PAYLOAD].numpy().tobytes())
 
 
 @pytest.fixture(scope="module")
