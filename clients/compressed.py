@@ -15,6 +15,12 @@ task did not send goes out with a later one. A restarted SuperNode has an empty
 picked up from there (:mod:`fedsync.clients.state_store`). Node config ``fault`` turns the node
 into a faulty one for deployment tests (:mod:`fedsync.clients.faults`).
 
+A ``relay`` downlink (:mod:`fedsync.aggregation.relay_downlink`) is the server's
+aggregations since the version this node holds, which the node replays on its model and
+its copy of the server optimizer (both kept in the node state): its model is then the
+server's, bit for bit. A node with no such state (its first task, or one the server
+knows it lost) gets them from version 0 and starts from the seeded initial model.
+
 A ``shared`` downlink (:mod:`fedsync.aggregation.shared_downlink`) is one frame of the
 changes since the model version this node holds (kept with the model in
 ``context.state``), a whole model, or nothing at all when the node holds its start
@@ -44,7 +50,7 @@ trained factor's delta for each factored tensor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
@@ -67,6 +73,7 @@ from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainTask
 from fedsync.records import get_int
 from fedsync.updates import TensorSpec, densify
+from fedsync.wire import UnexpectedCodec
 from fedsync.wire.mask import decode_masks
 from fedsync.wire.shared import advance, decode_shared
 
@@ -81,6 +88,12 @@ PRUNING_MASK = "fedsync-pruning-mask"
 DOWNLINK_VERSION = "fedsync-downlink-version"
 """``context.state`` record: the shared downlink's ``epoch`` and ``version`` of the model
 kept in :data:`DOWNLINK_BASE`."""
+RELAY_OPTIMIZER = "fedsync-relay-optimizer"
+"""Node state kind: a relay downlink's copy of the server optimizer's buffers, by
+``"<slot>:<tensor position>"``."""
+RELAY_VERSION = "fedsync-relay-version"
+"""``context.state`` record: the ``version`` of the relay downlink's model (kept in
+:data:`DOWNLINK_BASE`) and its optimizer copy's ``steps``."""
 
 Masks = dict[str, torch.Tensor]
 
@@ -210,6 +223,7 @@ def apply_downlink(
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
     state: NodeState | None = None,
+    codecs: Sequence[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Decode the downlink into the model to start from; remember it if ``keep_base``.
 
@@ -221,10 +235,12 @@ def apply_downlink(
     run started from the seeded initial model) applies to ``initial``, this node's own
     initial model, checked against the digest (:class:`InitialModelMismatch` otherwise),
     not to a base the node holds; its payload is empty while the global model is still
-    that version 0.
+    that version 0. ``codecs``: the codec the task names for the payload's frame (empty:
+    any); a frame of another raises :class:`~fedsync.wire.UnexpectedCodec`, the node's
+    state untouched.
     """
     held = state if state is not None else node_state(context)
-    start = _downlink_start(payload, kind, specs, held, masks, initial_digest, initial)
+    start = _downlink_start(payload, kind, specs, held, masks, initial_digest, initial, codecs)
     if not keep_base:
         held.drop(DOWNLINK_BASE)
         return start
@@ -240,11 +256,12 @@ def _downlink_start(
     masks: Masks | None,
     initial_digest: str,
     initial: Mapping[str, torch.Tensor] | None,
+    codecs: Sequence[str],
 ) -> dict[str, torch.Tensor]:
     if kind not in ("full", "delta"):
         raise ValueError(f"downlink-kind must be 'full' or 'delta', got {kind!r}")
     if kind == "full":
-        return densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
+        return _decoded(payload, specs, masks, codecs, 0)
     if initial_digest:
         base = _initial_base(initial_digest, initial, specs)[2]
         if not payload:
@@ -257,8 +274,30 @@ def _downlink_start(
                 "the server must send a full model"
             )
         base = {name: torch.from_numpy(base_arrays[name]) for name in specs}
-    decoded = densify(UpdateCodec(masks=masks).decode(payload, expected=specs))
+    decoded = _decoded(payload, specs, masks, codecs, 0)
     return {name: base[name] + decoded[name] for name in specs}
+
+
+def _decoded(
+    frame: bytes,
+    specs: Mapping[str, TensorSpec],
+    masks: Masks | None,
+    codecs: Sequence[str],
+    position: int,
+) -> dict[str, torch.Tensor]:
+    """The ``position``-th update frame of a downlink, decoded with the codec the task
+    names for it (any codec when it names none)."""
+    if not codecs:
+        return densify(UpdateCodec(masks=masks).decode(frame, expected=specs))
+    if position >= len(codecs):
+        raise UnexpectedCodec(
+            "the downlink holds more frames than the task names codecs for",
+            field="downlink-codecs",
+            expected=f"> {position} codecs",
+            got=len(codecs),
+        )
+    codec = UpdateCodec(codecs[position], masks=masks)
+    return densify(codec.decode(frame, expected=specs, own_spec_only=True))
 
 
 def apply_shared_downlink(
@@ -271,6 +310,7 @@ def apply_shared_downlink(
     initial: Mapping[str, torch.Tensor] | None = None,
     masks: Masks | None = None,
     state: NodeState | None = None,
+    codecs: Sequence[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Apply a shared downlink (:mod:`fedsync.wire.shared`) and keep the model it gives
     (in ``state``), with its version (in ``context.state``).
@@ -296,11 +336,15 @@ def apply_shared_downlink(
     state : NodeState, optional
         Where the model is kept (default: the backend ``node-state`` selects,
         :mod:`fedsync.clients.node_state`).
+    codecs : sequence of str
+        The codec the task names for each update frame (its changes in order, or the
+        whole model); empty: any.
 
     Raises
     ------
     fedsync.wire.PayloadError
-        For a broken frame.
+        For a broken frame, or one of another codec than the task names
+        (:class:`~fedsync.wire.UnexpectedCodec`).
     InitialModelMismatch
         If ``initial`` does not have ``initial_digest``.
     DownlinkVersionMismatch
@@ -319,7 +363,7 @@ def apply_shared_downlink(
         )
     if frame is not None and frame.whole is not None:
         epoch = frame.epoch
-        start = densify(UpdateCodec(masks=masks).decode(frame.whole, expected=specs))
+        start = _decoded(frame.whole, specs, masks, codecs, 0)
     else:
         held = (
             _initial_base(initial_digest, initial, specs)
@@ -339,14 +383,129 @@ def apply_shared_downlink(
                 f"holds version {at} of sequence {epoch}"
             )
         if frame is not None:
-            codec = UpdateCodec(masks=masks)
-            for _, change in frame.links:
-                start = advance(start, densify(codec.decode(change, expected=specs)), frame.grid)
+            for position, (_, change) in enumerate(frame.links):
+                start = advance(start, _decoded(change, specs, masks, codecs, position), frame.grid)
     held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
     context.state.config_records[DOWNLINK_VERSION] = ConfigRecord(
         {"epoch": epoch, "version": version}
     )
     return start
+
+
+def apply_relay_downlink(
+    payload: bytes,
+    specs: Mapping[str, TensorSpec],
+    context: Context,
+    *,
+    version: int,
+    initial_digest: str = "",
+    initial: Mapping[str, torch.Tensor] | None = None,
+    state: NodeState | None = None,
+) -> dict[str, torch.Tensor]:
+    """Replay a relay downlink (:mod:`fedsync.wire.relay`) and keep the model and the
+    optimizer copy it gives (in ``state``), with their version (in ``context.state``).
+
+    Parameters
+    ----------
+    payload : bytes
+        The task's downlink: a relay frame, or empty (the node holds its start).
+    specs : mapping of str to TensorSpec
+        The model's floating-point tensors.
+    context : flwr.app.Context
+        The node's context.
+    version : int
+        The model version the task starts from.
+    initial_digest : str
+        Non-empty: the replay starts from the seeded initial model, version 0, whose
+        digest this is, with a fresh optimizer.
+    initial : mapping of str to torch.Tensor, optional
+        This node's own initial model (a freshly built, seeded one), used only with
+        ``initial_digest``.
+    state : NodeState, optional
+        Where the model and the optimizer copy are kept (default: the backend
+        ``node-state`` selects).
+
+    Raises
+    ------
+    fedsync.wire.PayloadError
+        For a broken frame, or an update frame in it of another codec than it names.
+    fedsync.aggregation.InvalidUpdate
+        For an update in it that is not one of this model's.
+    InitialModelMismatch
+        If ``initial`` does not have ``initial_digest``.
+    DownlinkVersionMismatch
+        If the frame is for another version than ``version``, or from another base
+        than the node holds.
+    MissingDownlinkBase
+        If the frame needs a base and the node holds none.
+
+    On any of them the node's state is left as it was.
+    """
+    from fedsync.aggregation.relay_downlink import frame_optimizer, replay
+    from fedsync.wire.relay import decode_relay
+
+    held_state = state if state is not None else node_state(context)
+    frame = decode_relay(payload) if payload else None
+    if frame is not None and frame.target != version:
+        raise DownlinkVersionMismatch(
+            f"relay downlink for model version {frame.target}, the task starts from {version}"
+        )
+    names = sorted(specs)
+    if initial_digest:
+        at, start, saved = 0, _initial_base(initial_digest, initial, specs)[2], None
+    else:
+        record = context.state.config_records.get(RELAY_VERSION)
+        arrays = held_state.get(DOWNLINK_BASE) if record is not None else None
+        if record is None or arrays is None or set(arrays) != set(specs):
+            raise MissingDownlinkBase(
+                "relay downlink but this node holds no model (restarted?); the server must "
+                "replay from version 0"
+            )
+        at = get_int(record, "version", -1)
+        start = {name: torch.from_numpy(arrays[name].copy()) for name in specs}
+        saved = (get_int(record, "steps", 0), held_state.get(RELAY_OPTIMIZER) or {})
+    base = frame.base if frame is not None else version
+    if base != at:
+        raise DownlinkVersionMismatch(
+            f"relay downlink from version {base}, this node holds version {at}"
+        )
+    if frame is None and saved is not None:
+        return start  # it holds the task's version already
+    model, steps, buffers = start, 0, {}
+    if frame is not None:
+        optimizer = frame_optimizer(frame)
+        if saved is not None:
+            optimizer.load_state_dict(
+                {
+                    "kind": optimizer.kind,
+                    "steps": saved[0],
+                    "buffers": _buffers_from(saved[1], names),
+                }
+            )
+        model = replay(frame, start, optimizer, specs)
+        steps, buffers = optimizer.steps, optimizer.state_dict()["buffers"]
+    held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in model.items()})
+    held_state.put(
+        RELAY_OPTIMIZER,
+        {
+            f"{slot}:{names.index(name)}": tensor.numpy()
+            for slot, tensors in buffers.items()
+            for name, tensor in tensors.items()
+        },
+    )
+    context.state.config_records[RELAY_VERSION] = ConfigRecord({"version": version, "steps": steps})
+    return model
+
+
+def _buffers_from(
+    arrays: Mapping[str, np.ndarray], names: list[str]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The optimizer buffers :data:`RELAY_OPTIMIZER` keeps, by slot and tensor name."""
+    buffers: dict[str, dict[str, torch.Tensor]] = {}
+    for key, array in arrays.items():
+        slot, _, position = key.rpartition(":")
+        buffers.setdefault(slot, {})[names[int(position)]] = torch.from_numpy(array.copy())
+    return buffers
 
 
 def _initial_base(

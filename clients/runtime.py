@@ -96,6 +96,9 @@ class LocalTraining:
     weight_decay: float = 0.0
     schedule: LearningRateSchedule | None = None
     max_grad_norm: float | None = None
+    schedule_step: int | None = None
+    """Where the schedule starts this task: the run's position the task carries
+    (``None``: the device's own step count)."""
 
     @classmethod
     def from_task(cls, config: Mapping[str, Any], runtime: ClientRuntime) -> LocalTraining:
@@ -124,6 +127,7 @@ class LocalTraining:
             proximal_mu=task.proximal_mu,
             max_steps=task.local_steps if task.local_steps > 0 else None,
             seed=runtime.seed_for(task.task_seed, task.version),
+            schedule_step=task.schedule_step if task.schedule_step >= 0 else None,
             **runtime.settings.optimizer_settings,
         )
 
@@ -151,6 +155,7 @@ class LocalTraining:
             betas=self.betas,
             weight_decay=self.weight_decay,
             schedule=self.schedule,
+            schedule_step=self.schedule_step,
             max_grad_norm=self.max_grad_norm,
             inner=inner,
         )

@@ -42,6 +42,7 @@ from fedsync.clients.ab_training import FactoredModel, decode_frozen
 from fedsync.clients.compressed import (
     Masks,
     apply_downlink,
+    apply_relay_downlink,
     apply_shared_downlink,
     encode_uplink,
     hold_pruned_at_zero,
@@ -114,6 +115,20 @@ class Task:
             return self.compressed.version
         round_ = self.config.get(protocol.SERVER_ROUND, -1)
         return round_ if isinstance(round_, int) else -1
+
+    @property
+    def schedule_step(self) -> int | None:
+        """Where your learning-rate schedule stands at this task's first step: the run's
+        progress in one device's steps when the task was planned (run-config
+        ``client-schedule-clock = "run"``, :mod:`fedsync.aggregation.schedule_clock`), so
+        a fast device of an asynchronous fleet does not decay ahead of the slow ones.
+        ``None``: the task carries none (a dense Flower task, or the device clock):
+        count your own steps, e.g. :attr:`~fedsync.models.training.InnerOptimizer.steps`.
+        fedsync's own loop takes it as ``train(schedule_step=...)``; yours, e.g.
+        ``lr * schedule.factor(task.schedule_step + k)`` at its ``k``-th step."""
+        if self.compressed is None or self.compressed.schedule_step < 0:
+            return None
+        return self.compressed.schedule_step
 
     def inner_optimizer(self, *, keep_moments: bool = True) -> InnerOptimizer:
         """This device's inner optimizer as its last task left it (a fresh one at first).
@@ -277,7 +292,17 @@ def receive(
     masks = pruning_masks(task, specs, context, state)
     # The model as given, before any load: the seeded version 0 when built so.
     initial = given if task.initial_digest else None
-    if task.downlink_kind == "shared":
+    if task.downlink_kind == "relay":
+        start = apply_relay_downlink(
+            task.payload,
+            specs,
+            context,
+            version=task.version,
+            initial_digest=task.initial_digest,
+            initial=initial,
+            state=state,
+        )
+    elif task.downlink_kind == "shared":
         start = apply_shared_downlink(
             task.payload,
             specs,
@@ -287,6 +312,7 @@ def receive(
             initial=initial,
             masks=masks,
             state=state,
+            codecs=task.downlink_codecs,
         )
     else:
         start = apply_downlink(
@@ -299,6 +325,7 @@ def receive(
             initial_digest=task.initial_digest,
             initial=initial,
             state=state,
+            codecs=task.downlink_codecs,
         )
     model.load_state_dict(start, strict=False)
     factored: FactoredModel | None = None

@@ -30,7 +30,7 @@ import torch
 
 from fedsync.aggregation.buffer import NORMALIZATIONS
 from fedsync.aggregation.schedule import CompressionSchedule
-from fedsync.aggregation.server_optimizer import build_server_optimizer
+from fedsync.aggregation.server_optimizer import ServerOptimizer, build_server_optimizer
 from fedsync.aggregation.shared_downlink import grid_of
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.compression.spec import parse_spec
@@ -42,7 +42,9 @@ from fedsync.models.registry import AUTO as AUTO_MODEL
 from fedsync.models.registry import model_factory, model_names
 from fedsync.models.training import (
     CLIENT_OPTIMIZERS,
+    LOCAL_STEPS_POLICIES,
     OPTIMIZER_STATE_MODES,
+    SCHEDULE_CLOCKS,
     LearningRateSchedule,
 )
 from fedsync.plugins import PluginError, is_import_path
@@ -179,6 +181,13 @@ class TrainingSection(Section):
     shards_per_client: int = key(2, "shards per client for `shards`")
     local_epochs: int = key(0, "local epochs per task; 0: the dataset's")
     local_steps: int = key(0, "cap on local optimizer steps per task (0: no cap)")
+    local_steps_policy: str = key(
+        "fixed",
+        "fixed (every task local-steps) / speed (each device's budget scaled to its measured "
+        "compute per step, the fastest keeping local-steps, at least local-steps-min; the "
+        "run then stops at max-tasks x local-steps planned steps)",
+    )
+    local_steps_min: int = key(1, "the least step budget local-steps-policy = speed gives")
     batch_size: int = key(32, "local batch size")
     learning_rate: float = key(
         0.0, "local learning rate (SGD or AdamW); 0: the dataset's (AdamW: 0.001)"
@@ -206,6 +215,12 @@ class TrainingSection(Section):
         "n-th step, warm-up included (0: no decay)",
     )
     client_lr_floor: float = key(0.1, "the fraction of the learning rate the decay ends at")
+    client_schedule_clock: str = key(
+        "run",
+        "whose steps the warm-up and decay count: `run` (the run's progress, which every "
+        "task carries: the step budgets planned so far over `concurrency`; a synchronous "
+        "site's own count) / `device` (the device's own steps, however many tasks it got)",
+    )
     client_grad_clip: float = key(0.0, "clip each local gradient's norm to this (0: off)")
     proximal_mu: float = key(0.0, "FedProx proximal term mu on the client (0: off)")
     seed: int = key(
@@ -271,6 +286,19 @@ class TrainingSection(Section):
                 _fail(name, "must be >= 1", value)
         if self.local_steps < 0:
             _fail("local-steps", "must be >= 0 (0: no cap)", self.local_steps)
+        if self.local_steps_policy not in LOCAL_STEPS_POLICIES:
+            _fail(
+                "local-steps-policy",
+                f"must be one of {', '.join(LOCAL_STEPS_POLICIES)}",
+                self.local_steps_policy,
+            )
+        if self.local_steps_policy == "speed" and not 1 <= self.local_steps_min <= self.local_steps:
+            _fail(
+                "local-steps-min",
+                "must be in [1, local-steps] with local-steps-policy = speed (which needs "
+                "local-steps >= 1)",
+                self.local_steps_min,
+            )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0.0):
             _fail("learning-rate", "must be finite and > 0", self.learning_rate)
         if not 0.0 <= self.momentum < 1.0:
@@ -308,6 +336,12 @@ class TrainingSection(Section):
             ) from err
         if not (math.isfinite(self.client_grad_clip) and self.client_grad_clip >= 0.0):
             _fail("client-grad-clip", "must be finite and >= 0 (0: off)", self.client_grad_clip)
+        if self.client_schedule_clock not in SCHEDULE_CLOCKS:
+            _fail(
+                "client-schedule-clock",
+                f"must be one of {', '.join(SCHEDULE_CLOCKS)}",
+                self.client_schedule_clock,
+            )
 
     @property
     def optimizer_settings(self) -> dict[str, Any]:
@@ -395,12 +429,25 @@ class AsyncSection(Section):
         "itself then costs nothing (every site computes the same step)",
     )
     server_optimizer: str = key(
-        "sgd", "sgd / momentum (FedAvgM) / nesterov (DiLoCo's outer step) / adam (FedAdam)"
+        "sgd",
+        "sgd / momentum (FedAvgM) / nesterov (DiLoCo's outer step) / delayed-nesterov "
+        "(asynchronous: the velocity once per server-momentum-period) / adam (FedAdam)",
     )
     server_learning_rate: float = key(
         1.0, "server (outer) learning rate eta; DiLoCo uses 0.7 with nesterov"
     )
-    server_momentum: float = key(0.9, "momentum beta of momentum and nesterov")
+    server_momentum: float = key(0.9, "momentum beta of momentum, nesterov and delayed-nesterov")
+    server_momentum_period: int = key(
+        0,
+        "delayed-nesterov's N: aggregations per velocity update, plain steps of 1/N between "
+        "(0: concurrency / buffer-size, rounded, at least 1: a synchronous round's worth)",
+    )
+    staleness_scales_step: bool = key(
+        False,
+        "with buffer-mean weight or selected, scale each aggregate by its K updates' mean "
+        "staleness weight, so a buffer of stale updates moves the model less (count's "
+        "division by K does so already)",
+    )
     server_update_transform: str = key(
         "none",
         "applied to the aggregated update before the server optimizer: none / sign (DeMo's "
@@ -434,14 +481,34 @@ class AsyncSection(Section):
             )
         try:
             parse_staleness(self.staleness)
-            build_server_optimizer(
-                self.server_optimizer,
-                learning_rate=self.server_learning_rate,
-                momentum=self.server_momentum,
-                transform=self.server_update_transform,
-            )
+            self.build_optimizer()
         except ValueError as err:
             raise SettingsError(str(err)) from err
+        if self.server_momentum_period < 0:
+            _fail(
+                "server-momentum-period",
+                "must be >= 0 (0: concurrency / buffer-size)",
+                self.server_momentum_period,
+            )
+
+    @property
+    def momentum_period(self) -> int:
+        """Delayed Nesterov's ``N``: ``server-momentum-period``, or for ``0`` the buffers
+        of ``K`` that make one synchronous round's worth of updates, ``C / K`` rounded
+        (at least 1)."""
+        if self.server_momentum_period > 0:
+            return self.server_momentum_period
+        return max(1, round(self.concurrency / self.buffer_size))
+
+    def build_optimizer(self) -> ServerOptimizer:
+        """The server optimizer these keys describe."""
+        return build_server_optimizer(
+            self.server_optimizer,
+            learning_rate=self.server_learning_rate,
+            momentum=self.server_momentum,
+            period=self.momentum_period,
+            transform=self.server_update_transform,
+        )
 
     def server_torch_device(self) -> torch.device:
         """The ``server-device`` setting as the torch device this process can use.
@@ -498,7 +565,9 @@ class CompressionSection(Section):
         "delta (compressed difference to the model the device holds, residual kept on the "
         "server) / full (the whole model every task) / shared (one compressed change per "
         "model version for every device, one residual on the server; devices start from the "
-        "seeded initial model, see downlink-seeded-start)",
+        "seeded initial model, see downlink-seeded-start) / relay (each version's uplink "
+        "payloads forwarded as they came, replayed by every device: its model is the "
+        "server's, bit for bit; needs downlink-seeded-start)",
     )
     downlink_delta_codec: str = key(
         "none+uniform:{bits}",
@@ -574,8 +643,12 @@ class CompressionSection(Section):
         if not 0.0 < self.prune_sparsity < 1.0:
             _fail("prune-sparsity", "must be in (0, 1)", self.prune_sparsity)
         self._check_ab_training()
-        if self.downlink_kind not in ("full", "delta", "shared"):
-            _fail("downlink-kind", "must be 'full', 'delta' or 'shared'", self.downlink_kind)
+        if self.downlink_kind not in ("full", "delta", "shared", "relay"):
+            _fail(
+                "downlink-kind",
+                "must be 'full', 'delta', 'shared' or 'relay'",
+                self.downlink_kind,
+            )
         if self.downlink_max_versions < 1:
             _fail("downlink-max-versions", "must be >= 1", self.downlink_max_versions)
         if self.downlink_kind == "shared":

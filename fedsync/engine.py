@@ -39,7 +39,6 @@ from fedsync.aggregation import (
     InvalidUpdate,
     UpdateBuffer,
     ValidUpdate,
-    build_server_optimizer,
     validate_update,
 )
 from fedsync.aggregation.ab_training import ABTraining
@@ -51,10 +50,13 @@ from fedsync.aggregation.downlink import (
     UpdateCodecLike,
 )
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
+from fedsync.aggregation.local_steps import DynamicLocalSteps
 from fedsync.aggregation.placement import canonical_device, tensor_devices
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
-from fedsync.aggregation.server_optimizer import ServerOptimizer
+from fedsync.aggregation.relay_downlink import RelayDownlink
+from fedsync.aggregation.schedule_clock import ScheduleClock
+from fedsync.aggregation.server_optimizer import ServerOptimizer, optimizer_from_hyperparameters
 from fedsync.aggregation.shared_downlink import SharedDownlink, grid_of
 from fedsync.config import RunConfig, SettingsError
 from fedsync.factored import Side
@@ -62,6 +64,7 @@ from fedsync.models.initial import state_digest
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
 from fedsync.updates import SparseTensor, TensorSpec
 from fedsync.wire import UnexpectedCodec
+from fedsync.wire.relay import RelayEntry
 
 __all__ = ["AggregationEngine", "InFlight", "Rejection", "Verdict", "default_codec_factory"]
 
@@ -125,6 +128,12 @@ class InFlight:
     frozen : dict of str to torch.Tensor or None
         That frame as the device decodes it: what the task's reply is rebuilt with
         (AB-Training; ``None`` otherwise).
+    local_steps : int
+        The task's step budget (``0``: no cap, epochs decide).
+    schedule_step : int
+        The run's position the device's learning-rate schedule starts the task at
+        (:mod:`fedsync.aggregation.schedule_clock`); ``-1`` when the device counts its
+        own steps (``client-schedule-clock = "device"``).
     dispatched : float
         The clock time the task was sent at (the loop sets it).
     staleness : int or None
@@ -144,6 +153,8 @@ class InFlight:
     ab_side: str = ""
     factors: bytes = b""
     frozen: dict[str, torch.Tensor] | None = None
+    local_steps: int = 0
+    schedule_step: int = -1
     dispatched: float = 0.0
     staleness: int | None = None
     in_collective: bool = False
@@ -301,12 +312,7 @@ class AggregationEngine:
         self.schedule = config.compression.schedule(decaying=decaying)
         self.downlink_schedule = config.compression.downlink_schedule(decaying=decaying)
         settings = config.asynchronous
-        self.optimizer = optimizer or build_server_optimizer(
-            settings.server_optimizer,
-            learning_rate=settings.server_learning_rate,
-            momentum=settings.server_momentum,
-            transform=settings.server_update_transform,
-        )
+        self.optimizer = optimizer or settings.build_optimizer()
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state, device=self.device)
         self.norm_guard = norm_guard
@@ -340,9 +346,13 @@ class AggregationEngine:
         if delta:
             for spec in self.downlink_schedule.extreme_specs():
                 self._downlink_codec(spec)
-        self.downlink: DownlinkEncoder | SharedDownlink
+        self.downlink: DownlinkEncoder | SharedDownlink | RelayDownlink
+        self._relayed: list[RelayEntry] = []
+        """A relay downlink's record of the updates in the buffer (its next aggregation)."""
         if compression.downlink_kind == "shared":
             self.downlink = self._shared_downlink(global_state, version)
+        elif compression.downlink_kind == "relay":
+            self.downlink = self._relay_downlink(global_state, version)
         else:
             self.downlink = DownlinkEncoder(
                 self.specs,
@@ -368,6 +378,31 @@ class AggregationEngine:
             normalization=self.strategy.mean,
             device=self.device,
         )
+        self._scales_step = settings.staleness_scales_step and self.strategy.mean != "count"
+        """Scale each aggregate by its updates' mean staleness weight (``staleness-scales-
+        step``), where the buffer's mean cancelled the weights."""
+        self._staleness_weights = 0.0
+        """The staleness weights of the updates in the buffer, summed."""
+        training = config.training
+        self.schedule_clock: ScheduleClock | None = (
+            ScheduleClock(
+                self.strategy.concurrency,
+                synchronous=self.strategy.synchronous,
+                # A resumed run: the steps its versions stand for (exact for rounds).
+                steps_before=version * self.strategy.buffer_size * training.local_steps,
+            )
+            if training.client_schedule_clock == "run"
+            else None
+        )
+        """Where the run stands for the devices' schedules (``None``: their own counts)."""
+        self.local_steps: DynamicLocalSteps | None = (
+            DynamicLocalSteps(training.local_steps, minimum=training.local_steps_min)
+            if training.local_steps_policy == "speed"
+            else None
+        )
+        """Step budgets by measured speed (``local-steps-policy = "speed"``)."""
+        self.steps_planned = 0
+        """The step budgets of every task planned (what a dynamic budget run stops by)."""
         # --- bookkeeping ---
         self.tally = RunTally(target_accuracy=config.stop.target_accuracy)
         if isinstance(self.downlink, SharedDownlink):
@@ -415,6 +450,12 @@ class AggregationEngine:
             if self.ab is not None
             else ("", b"", None)
         )
+        budget = (
+            self.local_steps.budget(node_id)
+            if self.local_steps is not None
+            else self.config.training.local_steps
+        )
+        self.steps_planned += budget
         flight = InFlight(
             task_id=task_id,
             number=number,
@@ -427,6 +468,10 @@ class AggregationEngine:
             ab_side=side,
             factors=factors,
             frozen=frozen,
+            local_steps=budget,
+            schedule_step=(
+                self.schedule_clock.plan(version, budget) if self.schedule_clock is not None else -1
+            ),
             in_collective=self.collective != "none",
         )
         self.tally.tasks += 1
@@ -443,9 +488,18 @@ class AggregationEngine:
         if self.pruned is not None:
             self.pruned.forget(flight.node_id)
 
-    def arrived(self, flight: InFlight, payload_bytes: int) -> int:
+    def arrived(
+        self, flight: InFlight, payload_bytes: int, *, steps: int = 0, compute_s: float = 0.0
+    ) -> int:
         """A reply is in (counted now, whatever becomes of it): its staleness, computed
-        here once and kept on the record (:attr:`InFlight.staleness`)."""
+        here once and kept on the record (:attr:`InFlight.staleness`). ``steps``: the
+        optimizer steps the reply reports (the schedule clock counts them for a task
+        without a step budget); ``compute_s``: the seconds they took on the device
+        (dynamic local steps measure its speed by them)."""
+        if self.schedule_clock is not None and flight.local_steps == 0:
+            self.schedule_clock.reported(steps)
+        if self.local_steps is not None:
+            self.local_steps.observe(flight.node_id, compute_s, steps)
         # The device replied, so it holds what its downlink decoded to.
         self.downlink.commit(flight.node_id)
         if self.pruned is not None:
@@ -514,6 +568,9 @@ class AggregationEngine:
             update if contribution is update.tensors else validate_update(contribution, self.specs),
             weight,
         )
+        if isinstance(self.downlink, RelayDownlink):
+            self._relayed.append(RelayEntry(weight, flight.uplink_spec, bytes(payload)))
+        self._staleness_weights += self.strategy.staleness(staleness)
         if self.norm_guard is not None:
             self.norm_guard.accept(norm)
         self.tally.aggregated += 1
@@ -521,7 +578,19 @@ class AggregationEngine:
         if not self.buffer.is_full:
             return Verdict("buffered", staleness)
         aggregate = self.buffer.take()  # on the model's device: no copy to step with
+        factor = 1.0
+        if self._scales_step:
+            # The mean (weight, selected) cancelled the staleness weights: put them back
+            # as one factor, the K updates' mean staleness weight (count's division by K).
+            factor = self._staleness_weights / aggregate.count
+            if factor != 1.0:
+                for tensor in aggregate.update.values():
+                    tensor.mul_(factor)
+        self._staleness_weights = 0.0
         self.optimizer.step(self.trained, aggregate.update)
+        if isinstance(self.downlink, RelayDownlink):
+            self.downlink.record(self.version + 1, factor, self._relayed)
+            self._relayed = []
         self.version += 1
         if self.pruned is not None:
             # The optimizer's momentum from before the cut must not revive pruned entries.
@@ -567,6 +636,8 @@ class AggregationEngine:
         """Drop the updates cached for an aggregation that will not come; returns how many."""
         discarded = len(self.buffer)
         self.buffer.clear()
+        self._staleness_weights = 0.0
+        self._relayed = []
         return discarded
 
     def placement(self) -> dict[str, torch.device]:
@@ -585,6 +656,11 @@ class AggregationEngine:
             "policy": self.strategy.describe(),
             "server_optimizer": repr(self.optimizer),
             "collective": self.collective,
+            "schedule_clock": (
+                self.schedule_clock.describe() if self.schedule_clock is not None else None
+            ),
+            "local_steps": (self.local_steps.describe() if self.local_steps is not None else None),
+            "steps_planned": self.steps_planned,
             "rejections": dict(sorted(self.rejections.items())),
             "downlink_resyncs": self.downlink.resyncs,
             **(
@@ -658,6 +734,37 @@ class AggregationEngine:
             max_lag=compression.downlink_max_lag,
             keep_start=self.strategy.needs_start_model,
             device=self.device,
+        )
+
+    def _relay_downlink(
+        self, global_state: Mapping[str, torch.Tensor], version: int
+    ) -> RelayDownlink:
+        """``downlink-kind = "relay"``: every device replays the server's aggregations
+        from the seeded initial model (:mod:`fedsync.aggregation.relay_downlink`), so
+        only what those aggregations do to the model may change it."""
+        compression = self.config.compression
+        why = ""
+        if version != 0 or not compression.downlink_seeded_start:
+            why = "needs downlink-seeded-start = true and a run that starts at version 0"
+        elif compression.prune_at_version >= 0 or compression.ab_rank > 0:
+            why = "cannot follow pruning or AB-Training (they change the model between steps)"
+        elif (
+            self.strategy.needs_start_model
+            or type(self.strategy).contribution is not Strategy.contribution
+        ):
+            why = f"cannot replay strategy {self.strategy.name!r} (it does not add the updates)"
+        else:
+            try:
+                optimizer_from_hyperparameters(self.optimizer.hyperparameters())
+            except ValueError as err:
+                why = f"cannot replay the server optimizer {self.optimizer!r}: {err}"
+        if why:
+            raise SettingsError(f"downlink-kind 'relay' {why}")
+        seeded = self._seeded_start(global_state, version)
+        return RelayDownlink(
+            mean=self.strategy.mean,
+            optimizer=self.optimizer,
+            initial_digest=seeded["initial_digest"],
         )
 
     def _seeded_start(

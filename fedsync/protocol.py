@@ -34,10 +34,11 @@ A **compressed** task (:class:`TrainTask`, the asynchronous strategies) carries:
   ``local-steps``, ``learning-rate``, ``momentum``, ``batch-size``, ``proximal-mu``,
   ``uplink-codec`` (the task's spec string, density and bits filled in),
   ``downlink-kind``, ``delta-downlinks`` (the node keeps the model it decoded),
-  ``run-seed``, ``task-seed``, AB-Training's ``ab-rank`` / ``ab-min-rate``, and the
-  training job (:data:`JOB_KEY`), which nodes key their persisted codec state by. The
-  application's own keys (``train_config``) travel in the same record
-  (:attr:`TrainTask.extra`; :data:`TASK_KEYS` are fedsync's).
+  ``run-seed``, ``task-seed``, ``schedule-step`` (the run's position for the device's
+  learning-rate schedule, when the run's clock sets it), AB-Training's ``ab-rank`` /
+  ``ab-min-rate``, and the training job (:data:`JOB_KEY`), which nodes key their
+  persisted codec state by. The application's own keys (``train_config``) travel in the
+  same record (:attr:`TrainTask.extra`; :data:`TASK_KEYS` are fedsync's).
 
 Its reply (:class:`TrainReply`) carries ``UPLINK`` ArrayRecord ``PAYLOAD`` (the encoded
 delta: local model minus the start model it decoded, error feedback applied on the
@@ -120,6 +121,16 @@ DELTA_DOWNLINKS: Final = "delta-downlinks"
 base of the next delta."""
 RUN_SEED: Final = "run-seed"
 """The run's ``seed`` (a node seeds its codec's random choices with it and its partition)."""
+DOWNLINK_CODECS: Final = "downlink-codecs"
+"""The codec spec of each update frame in the downlink payload, in order (a list of
+strings): the device decodes each with that codec only, so a frame of another codec is
+a typed error (:class:`~fedsync.wire.UnexpectedCodec`), as an uplink of another codec
+is on the server. Absent: the server named none (any codec decodes)."""
+SCHEDULE_STEP: Final = "schedule-step"
+"""Where the run stands in one device's steps when the task was planned (run-config
+``client-schedule-clock = "run"``, :mod:`fedsync.aggregation.schedule_clock`): the
+device's learning-rate schedule starts the task there. Absent: the device counts its own
+steps."""
 INITIAL_DIGEST: Final = "initial-digest"
 """A delta or shared downlink's: the digest of the seeded initial model the task starts
 from (on the node's first contact); absent otherwise."""
@@ -259,6 +270,12 @@ class TrainTask:
     initial_digest : str
         A delta or shared downlink's: the seeded initial model's digest when the task
         starts from it (``""`` otherwise).
+    schedule_step : int
+        The run's position for the device's learning-rate schedule (:data:`SCHEDULE_STEP`;
+        ``-1``: none, the device counts its own steps).
+    downlink_codecs : tuple of str
+        The codec of each update frame in :attr:`payload` (:data:`DOWNLINK_CODECS`;
+        empty: none named).
     extra : mapping of str to config value
         The application's own task config (``train_config`` of
         :meth:`fedsync.serverapp.AsyncStrategy.start`), sent in the same CONFIG record;
@@ -285,18 +302,21 @@ class TrainTask:
     delta_downlinks: bool = False
     run_seed: int = 0
     initial_digest: str = ""
+    schedule_step: int = -1
+    downlink_codecs: tuple[str, ...] = ()
     extra: Mapping[str, ConfigValue] = field(default_factory=dict)
 
     @classmethod
     def for_run(cls, config: RunConfig, **task: Any) -> TrainTask:
         """A task of this run: its local-training settings, its seed, whether it sends
         delta downlinks and, in an AB-Training run, the factors' rank (``task``: the
-        other fields)."""
+        other fields; ``local_steps`` there wins over the run's, a budget of its own)."""
         training, compression = config.training, config.compression
+        local_steps = task.pop("local_steps", training.local_steps)
         return cls(
             **task,
             local_epochs=training.local_epochs,
-            local_steps=training.local_steps,
+            local_steps=local_steps,
             batch_size=training.batch_size,
             learning_rate=training.learning_rate,
             momentum=training.momentum,
@@ -330,6 +350,10 @@ class TrainTask:
         )
         if self.initial_digest:
             config[INITIAL_DIGEST] = self.initial_digest
+        if self.schedule_step >= 0:
+            config[SCHEDULE_STEP] = self.schedule_step
+        if self.downlink_codecs:
+            config[DOWNLINK_CODECS] = list(self.downlink_codecs)
         downlink = payload_record(self.payload)
         if self.mask:
             downlink[MASK] = Array(np.frombuffer(self.mask, dtype=np.uint8).copy())
@@ -386,6 +410,8 @@ class TrainTask:
             delta_downlinks=get_bool(config, DELTA_DOWNLINKS, False),
             run_seed=get_int(config, RUN_SEED, 0),
             initial_digest=get_str(config, INITIAL_DIGEST, ""),
+            schedule_step=get_int(config, SCHEDULE_STEP, -1),
+            downlink_codecs=_codec_list(config.get(DOWNLINK_CODECS, [])),
             extra={k: v for k, v in config.items() if k not in TASK_KEYS},  # type: ignore[misc]
         )
 
@@ -412,6 +438,8 @@ TASK_KEYS: Final = frozenset(
         DELTA_DOWNLINKS,
         RUN_SEED,
         INITIAL_DIGEST,
+        SCHEDULE_STEP,
+        DOWNLINK_CODECS,
         AB_SIDE,
         AB_RANK,
         AB_MIN_RATE,
@@ -469,6 +497,13 @@ class TrainReply:
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
         return cls(payload, numbers, why)
+
+
+def _codec_list(value: object) -> tuple[str, ...]:
+    """A task's :data:`DOWNLINK_CODECS`, checked: a list of non-empty strings."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"task config {DOWNLINK_CODECS!r} must be a list of codec specs")
+    return tuple(value)
 
 
 def _extra_frame(record: ArrayRecord | None, name: str) -> bytes:

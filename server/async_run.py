@@ -232,7 +232,7 @@ class AsyncRun:
                 # Nothing in flight and nothing scheduled: nobody can ever reply.
                 if self.scheduler.exhausted:
                     return "no-devices-left"
-                return "max-tasks" if self.journal.tasks_dispatched >= self._max_tasks else "idle"
+                return "idle" if self._budget_left() else "max-tasks"
             if not self._collect(self.channel.poll()):
                 self._collect(self.channel.overdue())
                 self._refresh_nodes()
@@ -252,7 +252,7 @@ class AsyncRun:
 
     # --- dispatch -----------------------------------------------------------------------------
     def _dispatch_ready(self) -> None:
-        while self.journal.tasks_dispatched < self._max_tasks:
+        while self._budget_left():
             if not self._round_open():
                 return
             node_id = self.scheduler.next_device()
@@ -260,6 +260,15 @@ class AsyncRun:
                 return
             self.journal.tasks_dispatched += 1
             self._dispatch(node_id, self.journal.tasks_dispatched)
+
+    def _budget_left(self) -> bool:
+        """Whether the run may plan another task: fewer than ``max-tasks`` so far, or with
+        dynamic local steps fewer planned steps than ``max-tasks x local-steps`` (the
+        same token budget, in more, shorter tasks)."""
+        if self.engine.local_steps is not None:
+            steps = self._max_tasks * self.config.training.local_steps
+            return self.engine.steps_planned < steps
+        return self.journal.tasks_dispatched < self._max_tasks
 
     def _round_open(self) -> bool:
         """Whether a task may start from the current model now: always, unless the
@@ -308,6 +317,9 @@ class AsyncRun:
             ab_side=plan.ab_side,
             factors=plan.factors,
             initial_digest=plan.downlink.initial_digest,
+            local_steps=plan.local_steps,
+            schedule_step=plan.schedule_step,
+            downlink_codecs=plan.downlink.codecs,
             extra=self.train_config,
         )
         failure = self.channel.send(plan.task_id, node_id, task, group=f"v{plan.version}")
@@ -367,9 +379,15 @@ class AsyncRun:
         plan: InFlight = event.task
         reply: TrainReply = event.reply
         node_id = plan.node_id
-        staleness = self.engine.arrived(plan, len(reply.payload))
         duration = event.time - plan.dispatched
         compute_s = reply.metrics.get(protocol.COMPUTE_SECONDS)
+        staleness = self.engine.arrived(
+            plan,
+            len(reply.payload),
+            steps=reply.num_steps,
+            # The clock's compute time (simulated on the virtual clock), else the device's.
+            compute_s=float(event.timing.get("compute_s", compute_s or 0.0)),
+        )
         self.scheduler.timed(node_id, duration, compute_s)
         self._event(
             "arrival",

@@ -47,7 +47,7 @@ __all__ = [
     "relative_gap",
 ]
 
-DownlinkKind = Literal["full", "delta", "shared"]
+DownlinkKind = Literal["full", "delta", "shared", "relay"]
 """``shared`` is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`'s."""
 
 
@@ -102,6 +102,16 @@ class DownlinkPayload:
     initial_digest: str = ""
     """The seeded initial model's digest, when the device is to start from its own
     version 0 (:mod:`fedsync.models.initial`)."""
+    codecs: tuple[str, ...] = ()
+    """The codec spec of each update frame the payload holds, in order (the task names
+    them, and the device decodes each with that codec only); empty: not known (a codec
+    without a ``spec``), or no frame."""
+
+
+def codec_spec(codec: object) -> str:
+    """A codec's spec string (``""`` for a codec that names none)."""
+    spec = getattr(codec, "spec", "")
+    return spec if isinstance(spec, str) else ""
 
 
 class DownlinkEncoder:
@@ -226,7 +236,12 @@ class DownlinkEncoder:
         if self.kind == "delta":
             assert start is not None
             self._pending[node_id] = start
-        return DownlinkPayload(payload, "full", start if self.keep_start else None)
+        return DownlinkPayload(
+            payload,
+            "full",
+            start if self.keep_start else None,
+            codecs=_named(codec_spec(self._full_codec)),
+        )
 
     def _payload(
         self,
@@ -237,6 +252,7 @@ class DownlinkEncoder:
         *,
         seeded: bool,
         change: float = 0.0,
+        codec: str = "",
     ) -> DownlinkPayload:
         return DownlinkPayload(
             payload,
@@ -246,6 +262,7 @@ class DownlinkEncoder:
             change=change,
             detail="seeded" if seeded else "",
             initial_digest=self.initial_digest if seeded else "",
+            codecs=_named(codec) if payload else (),
         )
 
     def _delta(
@@ -270,7 +287,9 @@ class DownlinkEncoder:
         self._pending[node_id] = start
         lag = relative_gap(state, start)
         change = relative_gap(state, replica)
-        return self._payload(payload, "delta", start, lag, seeded=seeded, change=change)
+        return self._payload(
+            payload, "delta", start, lag, seeded=seeded, change=change, codec=codec_spec(codec)
+        )
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload decoded to."""
@@ -345,6 +364,12 @@ def _percentiles(values: Sequence[float]) -> dict[str, float] | None:
         f"p{q}": round(ranked[min(len(ranked) - 1, (q * len(ranked)) // 100)], 6)
         for q in (10, 50, 90)
     }
+
+
+def _named(*specs: str) -> tuple[str, ...]:
+    """``specs``, or nothing when one of them is unknown (no check is better than a
+    wrong one)."""
+    return specs if all(specs) else ()
 
 
 def relative_gap(state: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor]) -> float:

@@ -9,6 +9,12 @@ minus start model) -- the negative of the pseudo-gradient. The server then steps
 * ``nesterov`` (DiLoCo's outer optimizer, Douillard et al. 2023): the momentum update
   with the Nesterov look-ahead; with ``Δ = -g`` it is PyTorch's ``SGD(nesterov=True)``
   on the pseudo-gradient ``g`` (DiLoCo: ``η = 0.7``, ``β = 0.9``).
+* ``delayed-nesterov`` (Liu et al. 2024, asynchronous local SGD): the plain update
+  ``x += η Δ / N`` at every aggregation, and once per ``N`` aggregations the velocity
+  ``v = β v + mean(Δ over the N)`` and its look-ahead ``x += η β v``. Over ``N``
+  aggregations the model moves as ``nesterov`` moves it on their mean, where naive
+  Nesterov on stale asynchronous updates feeds each of them into the velocity: with
+  ``N = 1`` the two are the same optimizer, bit for bit.
 * ``adam`` (FedAdam, Reddi et al. 2021, Algorithm 2): ``m = β1 m + (1-β1) Δ``;
   ``v = β2 v + (1-β2) Δ²``; ``x += η m / (sqrt(v) + τ)``; the paper has no bias
   correction, and it is off by default here too.
@@ -37,10 +43,12 @@ from fedsync.aggregation.update_transform import resolve_update_transform
 __all__ = [
     "SERVER_OPTIMIZERS",
     "ServerAdam",
+    "ServerDelayedNesterov",
     "ServerMomentum",
     "ServerOptimizer",
     "ServerSGD",
     "build_server_optimizer",
+    "optimizer_from_hyperparameters",
 ]
 
 
@@ -170,6 +178,12 @@ class ServerOptimizer(ABC):
         """Named per-tensor state slots (none for plain SGD)."""
         return {}
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """``kind`` and the keyword arguments that build this optimizer again
+        (:func:`optimizer_from_hyperparameters`): what a relay downlink sends its devices
+        so they step their copies of the model as the server does."""
+        return {"kind": self.kind, "learning_rate": self.learning_rate, "transform": self.transform}
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(learning_rate={self.learning_rate}, "
@@ -233,10 +247,90 @@ class ServerMomentum(ServerOptimizer):
     def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"velocity": self._velocity}
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The base's, with ``momentum`` and ``nesterov``."""
+        return {**super().hyperparameters(), "momentum": self.momentum, "nesterov": self.nesterov}
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(learning_rate={self.learning_rate}, "
             f"momentum={self.momentum}, nesterov={self.nesterov}, transform={self.transform!r})"
+        )
+
+
+class ServerDelayedNesterov(ServerOptimizer):
+    """Delayed Nesterov: plain steps at every aggregation, momentum once per ``period``.
+
+    At aggregation ``t`` (counted from 1) with update ``Δ_t``::
+
+        p += Δ_t                                   (the pending sum)
+        x += η Δ_t / N                             (every aggregation)
+        if t % N == 0:  v = β v + p / N;  x += η β v;  p = 0
+
+    so after each ``N`` aggregations the model stands where :class:`ServerMomentum` with
+    ``nesterov=True`` puts it after one step on their mean (``x += η (Δ̄ + β v)``), and
+    every device between those milestones still gets each update at once.
+
+    Parameters
+    ----------
+    learning_rate : float
+        ``η``, ``> 0``.
+    momentum : float
+        ``β``, in ``[0, 1)``.
+    period : int
+        ``N``, aggregations per velocity update, ``>= 1`` (the asynchronous strategies
+        pick ``C / K`` for run-config ``server-momentum-period = 0``: a synchronous
+        round's worth of updates).
+    transform : str
+        The update transform (see :class:`ServerOptimizer`).
+    """
+
+    kind = "delayed-nesterov"
+
+    def __init__(
+        self,
+        *,
+        learning_rate: float = 1.0,
+        momentum: float = 0.9,
+        period: int = 1,
+        transform: str = "none",
+    ) -> None:
+        super().__init__(learning_rate=learning_rate, transform=transform)
+        _check_unit_interval("server momentum", momentum)
+        if isinstance(period, bool) or int(period) != period or period < 1:
+            raise ValueError(f"delayed Nesterov's period must be an int >= 1, got {period!r}")
+        self.momentum = float(momentum)
+        self.period = int(period)
+        self._velocity: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def _direction(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        pending = self._pending.get(name)
+        pending = delta.clone() if pending is None else pending.to(delta.device).add_(delta)
+        if self.steps % self.period:
+            self._pending[name] = pending
+            return delta / self.period if self.period > 1 else delta
+        mean = pending / self.period if self.period > 1 else pending
+        velocity = self._velocity.get(name)
+        velocity = (
+            mean if velocity is None else velocity.to(delta.device).mul_(self.momentum).add_(mean)
+        )
+        self._velocity[name] = velocity
+        self._pending.pop(name, None)
+        plain = delta / self.period if self.period > 1 else delta
+        return plain + self.momentum * velocity
+
+    def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"velocity": self._velocity, "pending": self._pending}
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The base's, with ``momentum`` and ``period``."""
+        return {**super().hyperparameters(), "momentum": self.momentum, "period": self.period}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(learning_rate={self.learning_rate}, "
+            f"momentum={self.momentum}, period={self.period}, transform={self.transform!r})"
         )
 
 
@@ -303,6 +397,16 @@ class ServerAdam(ServerOptimizer):
     def _buffers(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"m": self._m, "v": self._v}
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The base's, with the moments' rates, ``tau`` and ``bias_correction``."""
+        return {
+            **super().hyperparameters(),
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "tau": self.tau,
+            "bias_correction": self.bias_correction,
+        }
+
 
 SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     "sgd": ServerSGD,
@@ -310,10 +414,42 @@ SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
     "momentum": ServerMomentum,
     "fedavgm": ServerMomentum,
     "nesterov": ServerMomentum,
+    "delayed-nesterov": ServerDelayedNesterov,
     "adam": ServerAdam,
     "fedadam": ServerAdam,
 }
 """Name (``server-optimizer`` run-config value) -> class."""
+
+
+_BY_KIND: dict[str, type[ServerOptimizer]] = {
+    "sgd": ServerSGD,
+    "momentum": ServerMomentum,
+    "nesterov": ServerMomentum,
+    "delayed-nesterov": ServerDelayedNesterov,
+    "adam": ServerAdam,
+}
+
+
+def optimizer_from_hyperparameters(values: Mapping[str, Any]) -> ServerOptimizer:
+    """The optimizer :meth:`ServerOptimizer.hyperparameters` describes.
+
+    Raises
+    ------
+    ValueError
+        If the kind is unknown or an argument is not the optimizer's (or out of range).
+    """
+    arguments = dict(values)
+    kind = arguments.pop("kind", None)
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown server optimizer kind {kind!r}; known: {', '.join(_BY_KIND)}")
+    try:
+        optimizer = cls(**arguments)
+    except TypeError as err:
+        raise ValueError(f"{kind} optimizer: {err}") from None
+    if optimizer.kind != kind:
+        raise ValueError(f"the arguments build a {optimizer.kind} optimizer, not {kind}")
+    return optimizer
 
 
 def build_server_optimizer(
@@ -321,6 +457,7 @@ def build_server_optimizer(
     *,
     learning_rate: float = 1.0,
     momentum: float = 0.9,
+    period: int = 1,
     beta1: float = 0.9,
     beta2: float = 0.99,
     tau: float = 1e-3,
@@ -328,7 +465,8 @@ def build_server_optimizer(
 ) -> ServerOptimizer:
     """Build a server optimizer by name, passing each only the arguments it takes.
 
-    Every kind takes ``transform``, the update transform applied to ``Δ`` before the step.
+    Every kind takes ``transform``, the update transform applied to ``Δ`` before the step;
+    ``period`` is ``delayed-nesterov``'s ``N``.
 
     Raises
     ------
@@ -347,6 +485,10 @@ def build_server_optimizer(
             momentum=momentum,
             nesterov=key == "nesterov",
             transform=transform,
+        )
+    if cls is ServerDelayedNesterov:
+        return ServerDelayedNesterov(
+            learning_rate=learning_rate, momentum=momentum, period=period, transform=transform
         )
     if cls is ServerAdam:
         return ServerAdam(

@@ -47,7 +47,12 @@ from typing import Any
 
 import torch
 
-from fedsync.aggregation.downlink import DownlinkPayload, UpdateCodecLike, relative_gap
+from fedsync.aggregation.downlink import (
+    DownlinkPayload,
+    UpdateCodecLike,
+    codec_spec,
+    relative_gap,
+)
 from fedsync.compression.spec import parse_spec
 from fedsync.updates import TensorSpec, densify
 from fedsync.wire.shared import GRIDS, advance, encode_changes, encode_whole, to_grid
@@ -156,6 +161,8 @@ class SharedDownlink:
         self._lag = 0.0
         self._links: OrderedDict[int, tuple[int, bytes]] = OrderedDict()
         """Target version -> (base version, encoded change): the last ``max_versions``."""
+        self._link_codecs: dict[int, str] = {}
+        """Target version -> the codec spec its change was encoded with."""
         self._whole: tuple[int, int, bytes, dict[str, torch.Tensor], bool] | None = None
         self._counted: set[int] = set()
         """Targets of cached changes already counted in :attr:`broadcast_bytes`."""
@@ -231,6 +238,7 @@ class SharedDownlink:
         self._whole = None
         self.initial_digest = ""
         self._links.clear()
+        self._link_codecs.clear()
         self._counted.clear()
         self._held.clear()
         self._pending.clear()
@@ -300,6 +308,7 @@ class SharedDownlink:
         self, node_id: int, state: Mapping[str, torch.Tensor], base: int, *, seeded: bool
     ) -> DownlinkPayload:
         """The payload for a device at ``base``: empty, or the changes since."""
+        codecs: tuple[str, ...] = ()
         if base == self.version:
             payload, links, broadcast = b"", [], 0
             detail = "seeded" if seeded else "stay"
@@ -315,6 +324,7 @@ class SharedDownlink:
             self._counted.update(t for t, _ in links)
             detail = "changes"
             self.links_sent[len(links)] += 1
+            codecs = tuple(self._link_codecs.get(target, "") for target, _ in links)
         self.payloads[detail] += 1
         self.broadcast_bytes += broadcast
         self._pending[node_id] = (self.epoch, self.version)
@@ -328,6 +338,7 @@ class SharedDownlink:
             links=len(links),
             broadcast_bytes=broadcast,
             initial_digest=self.initial_digest if seeded else "",
+            codecs=codecs if all(codecs) else (),
         )
 
     def _whole_for(
@@ -350,6 +361,7 @@ class SharedDownlink:
             relative_gap(state, decoded),
             detail="whole",
             broadcast_bytes=len(payload),
+            codecs=(spec,) if (spec := codec_spec(self._full_codec)) else (),
         )
 
     def _whole_payload(self) -> tuple[int, int, bytes, dict[str, torch.Tensor], bool]:
@@ -393,9 +405,11 @@ class SharedDownlink:
             self._restart(state, version)
             return
         self._links[version] = (self.version, frame)
+        self._link_codecs[version] = codec_spec(codec)
         while len(self._links) > self.max_versions:
             evicted, _ = self._links.popitem(last=False)
             self._counted.discard(evicted)
+            self._link_codecs.pop(evicted, None)
         self._mirror, self.version, self._lag, self._on_grid = new, version, lag, True
         self.changes_encoded += 1
 
@@ -409,5 +423,6 @@ class SharedDownlink:
         self._lag = relative_gap(state, self._mirror)
         self.initial_digest = ""
         self._links.clear()
+        self._link_codecs.clear()
         self._counted.clear()
         self._whole = None

@@ -26,6 +26,13 @@ CLIENT_OPTIMIZERS: Final = ("sgd", "adamw")
 OPTIMIZER_STATE_MODES: Final = ("reset", "keep")
 """Whether a device's optimizer state carries over between tasks (``client-optimizer-state``):
 a fresh optimizer per task, or an :class:`InnerOptimizer` kept on the device."""
+LOCAL_STEPS_POLICIES: Final = ("fixed", "speed")
+"""How a task's step budget is set (``local-steps-policy``): ``local-steps`` for every
+task, or scaled to the device's measured speed (:mod:`fedsync.aggregation.local_steps`)."""
+SCHEDULE_CLOCKS: Final = ("run", "device")
+"""Whose steps a :class:`LearningRateSchedule` counts (``client-schedule-clock``): the
+run's progress each task carries (:mod:`fedsync.aggregation.schedule_clock`), or the
+device's own (:attr:`InnerOptimizer.steps`)."""
 
 GlobalParams = Sequence[torch.Tensor] | Mapping[str, torch.Tensor]
 """The reference point of the proximal term: tensors in ``model.parameters()`` order,
@@ -112,8 +119,10 @@ class InnerOptimizer:
 class LearningRateSchedule:
     """Linear warm-up, then a cosine decay to ``floor`` times the learning rate.
 
-    The position is the device's own step count (:attr:`InnerOptimizer.steps`), so the
-    schedule runs across tasks; without warm-up and decay the rate is constant.
+    The position is the run's progress a task carries (its ``schedule_step``: every
+    device of an asynchronous fleet then decays together) or the device's own step count
+    (:attr:`InnerOptimizer.steps`), so the schedule runs across tasks; without warm-up
+    and decay the rate is constant.
 
     Parameters
     ----------
@@ -195,6 +204,7 @@ def train(
     betas: tuple[float, float] = (0.9, 0.999),
     inner: InnerOptimizer | None = None,
     schedule: LearningRateSchedule | None = None,
+    schedule_step: int | None = None,
 ) -> TrainResult:
     """Train ``model`` in place with mini-batch SGD or AdamW on cross-entropy.
 
@@ -234,6 +244,10 @@ def train(
         state stays on ``device``). ``None``: a fresh optimizer, the schedule at step 0.
     schedule : LearningRateSchedule, optional
         Warm-up and cosine decay of ``lr`` over the device's steps (``None``: constant).
+    schedule_step : int, optional
+        Where the schedule stands at this call's first step: the run's position a task
+        carries (:attr:`fedsync.clientapp.Task.schedule_step`). ``None``: the device's
+        own count, ``inner.steps`` (0 without ``inner``).
 
     Returns
     -------
@@ -245,6 +259,8 @@ def train(
         raise ValueError(f"max_steps must be >= 0, got {max_steps}")
     if proximal_mu < 0:
         raise ValueError(f"proximal_mu must be >= 0, got {proximal_mu}")
+    if schedule_step is not None and schedule_step < 0:
+        raise ValueError(f"schedule_step must be >= 0, got {schedule_step}")
     if optimizer not in CLIENT_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {CLIENT_OPTIMIZERS}, got {optimizer!r}")
     model.to(device)
@@ -259,7 +275,10 @@ def train(
     step_rule = _optimizer(optimizer, params, lr, momentum, weight_decay, betas)
     if inner is not None:
         inner.load_into(step_rule)
-    first_step = inner.steps if inner is not None else 0
+    if schedule_step is not None:
+        first_step = schedule_step
+    else:
+        first_step = inner.steps if inner is not None else 0
     generator = torch.Generator().manual_seed(seed)
     # The model's own randomness (dropout) draws from torch's global generators: seeded
     # here for the call and restored after, so a task repeats whatever its process ran

@@ -1,0 +1,193 @@
+"""The relay downlink: every device replays the server's aggregations and holds the
+server's model, bit for bit.
+
+The real engine aggregates the real codec's SparseLoCo-style frames (top-k of chunks,
+2-bit bin means) under the selected mean, staleness weights scaled back into the step
+and Delayed Nesterov; each "device" applies its task's downlink with the ClientApp's own
+function (:func:`fedsync.clients.compressed.apply_relay_downlink`, a real Flower
+``Context``), trains (a seeded random step) and replies with its encoded update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+from fedsync.clients.compressed import (
+    DOWNLINK_BASE,
+    RELAY_VERSION,
+    DownlinkVersionMismatch,
+    MissingDownlinkBase,
+    apply_relay_downlink,
+)
+from fedsync.codec import UpdateCodec
+from fedsync.config import RunConfig, SettingsError
+from fedsync.engine import AggregationEngine, InFlight
+from fedsync.models.initial import state_digest
+from fedsync.updates import TensorSpec
+from fedsync.wire import PayloadError
+from fedsync.wire.relay import decode_relay
+
+SHAPES = {"w": (64, 64), "b": (64,)}
+SPECS = {name: TensorSpec(name, shape) for name, shape in SHAPES.items()}
+UPLINK = "chunktopk:128+binmean:2"
+
+
+def initial() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}
+
+
+def engine_for(**values: Any) -> AggregationEngine:
+    settings: dict[str, Any] = {
+        "strategy": "fedbuff",
+        "concurrency": 3,
+        "buffer_size": 2,
+        "uplink_codec": UPLINK,
+        "buffer_mean": "selected",
+        "staleness": "polynomial:0.5",
+        "staleness_scales_step": True,
+        "server_optimizer": "delayed-nesterov",
+        "server_learning_rate": 0.7,
+        "downlink_kind": "relay",
+        "downlink_codec": "none+fp32",
+        "downlink_seeded_start": True,
+        **values,
+    }
+    return AggregationEngine(RunConfig.of(**settings), initial())
+
+
+def context(node: int) -> Context:
+    return Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
+
+
+def start_of(plan: InFlight, ctx: Context) -> dict[str, torch.Tensor]:
+    """What the device trains from: its task's downlink applied as the ClientApp does."""
+    return apply_relay_downlink(
+        plan.downlink.payload,
+        SPECS,
+        ctx,
+        version=plan.version,
+        initial_digest=plan.downlink.initial_digest,
+        initial=initial(),
+    )
+
+
+def trained_reply(plan: InFlight, start: dict[str, torch.Tensor]) -> bytes:
+    generator = torch.Generator().manual_seed(plan.seed)
+    delta = {name: 0.01 * torch.randn(t.shape, generator=generator) for name, t in start.items()}
+    return UpdateCodec(plan.uplink_spec).encode(delta)
+
+
+def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
+    engine = engine_for()
+    history = {0: {name: t.clone() for name, t in engine.trained.items()}}
+    contexts = {node: context(node) for node in (1, 2, 3)}
+    flights = {node: engine.plan_task(node, node) for node in contexts}
+    number = 3
+    order = [1, 1, 2, 1, 3, 2, 1, 1, 3, 2] * 4  # the fast device replies most often
+    for node in order:
+        plan = flights[node]
+        start = start_of(plan, contexts[node])
+        # The device's start is the server's model of the task's version, bit for bit.
+        for name in SPECS:
+            assert torch.equal(start[name], history[plan.version][name]), (number, name)
+        engine.arrived(plan, 1)
+        assert engine.receive(plan, trained_reply(plan, start), 10).status != "rejected"
+        history[engine.version] = {name: t.clone() for name, t in engine.trained.items()}
+        number += 1
+        flights[node] = engine.plan_task(node, number)
+    assert engine.version >= 15
+    assert max(plan.version - 0 for plan in flights.values()) == engine.version
+    described = engine.describe()["downlink"]
+    assert described["optimizer"]["kind"] == "delayed-nesterov"
+    assert described["payloads"]["replay"] > 0
+    assert max(int(k) for k in described["aggregations_per_payload"]) >= 2  # lagging ones
+
+
+def test_a_device_that_lost_its_task_replays_from_version_zero() -> None:
+    engine = engine_for()
+    ctx = {node: context(node) for node in (1, 2)}
+    number = 0
+    for _ in range(4):  # four aggregations from devices 1 and 2
+        for node in (1, 2):
+            number += 1
+            plan = engine.plan_task(node, number)
+            start = start_of(plan, ctx[node])
+            engine.arrived(plan, 1)
+            engine.receive(plan, trained_reply(plan, start), 10)
+    assert engine.version == 4
+    lost = engine.plan_task(1, number + 1)
+    engine.forget(lost)  # its state is unknown now
+    again = engine.plan_task(1, number + 2)
+    assert again.downlink.initial_digest and decode_relay(again.downlink.payload).base == 0
+    fresh = context(9)  # a restarted node: nothing kept
+    replayed = start_of(again, fresh)
+    for name in SPECS:
+        assert torch.equal(replayed[name], engine.trained[name])
+    assert engine.downlink.describe()["resyncs"] == 1
+
+
+def test_bad_frames_are_typed_errors_and_leave_the_node_as_it_was() -> None:
+    engine = engine_for()
+    ctx = context(1)
+    first = engine.plan_task(1, 1)
+    start = start_of(first, ctx)
+    engine.arrived(first, 1)
+    engine.receive(first, trained_reply(first, start), 10)
+    other = engine.plan_task(2, 2)
+    engine.arrived(other, 1)
+    engine.receive(other, trained_reply(other, start_of(other, context(2))), 10)
+    plan = engine.plan_task(1, 3)
+    held = {k: v.numpy().copy() for k, v in ctx.state.array_records[DOWNLINK_BASE].items()}
+    version = dict(ctx.state.config_records[RELAY_VERSION])
+    payload = plan.downlink.payload
+    for broken in (payload[:-7], payload[:20], b"FSRY" + payload[4:-4] + b"\0\0\0\0"):
+        with pytest.raises(PayloadError):
+            apply_relay_downlink(broken, SPECS, ctx, version=plan.version)
+    with pytest.raises(DownlinkVersionMismatch):
+        apply_relay_downlink(payload, SPECS, ctx, version=plan.version + 1)
+    with pytest.raises(MissingDownlinkBase):
+        apply_relay_downlink(payload, SPECS, context(5), version=plan.version)
+    after = ctx.state.array_records[DOWNLINK_BASE]
+    for name, array in held.items():
+        assert (after[name].numpy() == array).all()
+    assert dict(ctx.state.config_records[RELAY_VERSION]) == version
+
+
+def test_the_frame_holds_the_payloads_as_they_came() -> None:
+    engine = engine_for()
+    sent = []
+    for node in (1, 2):
+        plan = engine.plan_task(node, node)
+        engine.arrived(plan, 1)
+        payload = trained_reply(plan, initial())
+        sent.append(payload)
+        engine.receive(plan, payload, 10)
+    frame = decode_relay(engine.plan_task(3, 3).downlink.payload)
+    assert (frame.base, frame.target, frame.mean) == (0, 1, "selected")
+    assert [entry.payload for entry in frame.steps[0].entries] == sent
+    assert [entry.codec for entry in frame.steps[0].entries] == [UPLINK, UPLINK]
+    assert frame.steps[0].factor == 1.0  # both fresh: the step is not scaled
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ({"downlink_seeded_start": False}, "downlink-seeded-start"),
+        ({"prune_at_version": 3}, "pruning"),
+        ({"strategy": "fedasync-mix", "buffer_mean": "auto"}, "cannot replay strategy"),
+    ],
+)
+def test_the_engine_refuses_a_relay_it_cannot_keep_exact(values: dict[str, Any], why: str) -> None:
+    with pytest.raises(SettingsError, match=why):
+        engine_for(**values)
+
+
+def test_the_initial_digest_is_the_servers() -> None:
+    engine = engine_for()
+    plan = engine.plan_task(1, 1)
+    assert plan.downlink.payload == b"" and plan.downlink.initial_digest == state_digest(initial())
