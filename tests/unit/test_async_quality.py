@@ -290,3 +290,65 @@ def test_the_engine_plans_each_device_its_budget_and_the_clock_counts_them() -> 
     assert again_slow.schedule_step == (12 + 12 + 12) // 2
     with pytest.raises(SettingsError, match="local-steps-min"):
         RunConfig.of(strategy="fedbuff", local_steps_policy="speed", local_steps=0)
+
+
+# --- the ClientApp path ------------------------------------------------------------------------
+
+
+def test_the_clientapp_trains_at_the_position_its_task_carries() -> None:
+    from flwr.app import Context, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedsync import protocol
+    from fedsync.clients.app import train_task
+    from fedsync.clients.runtime import ClientRuntime
+    from fedsync.task import model_for, model_state, tensor_specs
+
+    run_config = {
+        "dataset": "digits",
+        "seed": 0,
+        "client-warmup-steps": 10,
+        "client-decay-steps": 100,
+        "client-lr-floor": 0.1,
+    }
+    start = model_state(model_for(RunConfig.from_run_config(run_config).training))
+
+    def update(schedule_step: int) -> dict[str, torch.Tensor]:
+        task = TrainTask(
+            payload=UpdateCodec("none+fp32").encode(start),
+            downlink_kind="full",
+            version=0,
+            uplink_codec="none+fp32",
+            task_seed=5,
+            job="job",
+            local_epochs=1,
+            local_steps=3,
+            batch_size=32,
+            learning_rate=0.1,
+            momentum=0.0,
+            proximal_mu=0.0,
+            schedule_step=schedule_step,
+        )
+        message = Message(task.to_record(), dst_node_id=1, message_type=MessageType.TRAIN)
+        context = Context(
+            run_id=1,
+            node_id=1,
+            node_config={"partition-id": 0, "num-partitions": 3},
+            state=RecordDict(),
+            run_config=run_config,
+        )
+        reply = train_task(message, context, ClientRuntime.from_context(context))
+        payload = reply.content.array_records[protocol.UPLINK][protocol.PAYLOAD].numpy().tobytes()
+        decoded = UpdateCodec("none+fp32").decode(payload, tensor_specs(start))
+        return {name: tensor.to_dense() for name, tensor in decoded.items()}
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("_run_id", "_node_id", "_task_id"):
+            patch.setattr(TaskIdentity, name, 1)
+        own, at_zero, at_30, at_95 = update(-1), update(0), update(30), update(95)
+    # A fresh device's own count is 0: the same steps as a task that says 0 ...
+    assert all(torch.equal(own[name], at_zero[name]) for name in own)
+    # ... and at the run's step 95 the schedule is near its floor (0.107 of the rate,
+    # against 0.895 at step 30): far smaller steps from the same model and batches.
+    for name in own:
+        assert float(at_95[name].norm()) < 0.3 * float(at_30[name].norm()), name
