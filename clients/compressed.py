@@ -93,7 +93,8 @@ RELAY_OPTIMIZER = "fedsync-relay-optimizer"
 ``"<slot>:<tensor position>"``."""
 RELAY_VERSION = "fedsync-relay-version"
 """``context.state`` record: the ``version`` of the relay downlink's model (kept in
-:data:`DOWNLINK_BASE`) and its optimizer copy's ``steps``."""
+:data:`DOWNLINK_BASE`), its optimizer copy's ``steps`` and how many ``buffers`` arrays
+:data:`RELAY_OPTIMIZER` holds (a node that lost them refuses the frame)."""
 
 Masks = dict[str, torch.Tensor]
 
@@ -463,7 +464,13 @@ def apply_relay_downlink(
             )
         at = get_int(record, "version", -1)
         start = {name: torch.from_numpy(arrays[name].copy()) for name in specs}
-        saved = (get_int(record, "steps", 0), held_state.get(RELAY_OPTIMIZER) or {})
+        kept = held_state.get(RELAY_OPTIMIZER)
+        if len(kept or {}) != get_int(record, "buffers", 0):
+            raise MissingDownlinkBase(
+                "relay downlink but this node lost its copy of the server optimizer; the "
+                "server must replay from version 0"
+            )
+        saved = (get_int(record, "steps", 0), kept or {})
     base = frame.base if frame is not None else version
     if base != at:
         raise DownlinkVersionMismatch(
@@ -484,16 +491,16 @@ def apply_relay_downlink(
             )
         model = replay(frame, start, optimizer, specs)
         steps, buffers = optimizer.steps, optimizer.state_dict()["buffers"]
+    kept_buffers = {
+        f"{slot}:{names.index(name)}": tensor.numpy()
+        for slot, tensors in buffers.items()
+        for name, tensor in tensors.items()
+    }
     held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in model.items()})
-    held_state.put(
-        RELAY_OPTIMIZER,
-        {
-            f"{slot}:{names.index(name)}": tensor.numpy()
-            for slot, tensors in buffers.items()
-            for name, tensor in tensors.items()
-        },
+    held_state.put(RELAY_OPTIMIZER, kept_buffers)
+    context.state.config_records[RELAY_VERSION] = ConfigRecord(
+        {"version": version, "steps": steps, "buffers": len(kept_buffers)}
     )
-    context.state.config_records[RELAY_VERSION] = ConfigRecord({"version": version, "steps": steps})
     return model
 
 

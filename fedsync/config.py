@@ -491,22 +491,30 @@ class AsyncSection(Section):
                 self.server_momentum_period,
             )
 
-    @property
-    def momentum_period(self) -> int:
+    def momentum_period(self, buffer_size: int | None = None) -> int:
         """Delayed Nesterov's ``N``: ``server-momentum-period``, or for ``0`` the buffers
-        of ``K`` that make one synchronous round's worth of updates, ``C / K`` rounded
-        (at least 1)."""
+        of ``K`` updates that make one round's worth, ``C / K`` rounded to the nearest
+        int (halves to even), at least 1.
+
+        Parameters
+        ----------
+        buffer_size : int, optional
+            The strategy's ``K`` (DiLoCo's is ``C``, FedAsync's 1); default
+            ``buffer-size``.
+        """
         if self.server_momentum_period > 0:
             return self.server_momentum_period
-        return max(1, round(self.concurrency / self.buffer_size))
+        k = self.buffer_size if buffer_size is None else buffer_size
+        return max(1, round(self.concurrency / k))
 
-    def build_optimizer(self) -> ServerOptimizer:
-        """The server optimizer these keys describe."""
+    def build_optimizer(self, *, buffer_size: int | None = None) -> ServerOptimizer:
+        """The server optimizer these keys describe (``buffer_size``: the strategy's
+        ``K``, for Delayed Nesterov's period; default ``buffer-size``)."""
         return build_server_optimizer(
             self.server_optimizer,
             learning_rate=self.server_learning_rate,
             momentum=self.server_momentum,
-            period=self.momentum_period,
+            period=self.momentum_period(buffer_size),
             transform=self.server_update_transform,
         )
 

@@ -312,7 +312,9 @@ class AggregationEngine:
         self.schedule = config.compression.schedule(decaying=decaying)
         self.downlink_schedule = config.compression.downlink_schedule(decaying=decaying)
         settings = config.asynchronous
-        self.optimizer = optimizer or settings.build_optimizer()
+        self.optimizer = optimizer or settings.build_optimizer(
+            buffer_size=self.strategy.buffer_size
+        )
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state, device=self.device)
         self.norm_guard = norm_guard
@@ -388,7 +390,8 @@ class AggregationEngine:
             ScheduleClock(
                 self.strategy.concurrency,
                 synchronous=self.strategy.synchronous,
-                # A resumed run: the steps its versions stand for (exact for rounds).
+                # A resumed run without its count in the checkpoint (an older one): the
+                # steps its versions stand for (restore_progress puts the saved count in).
                 steps_before=version * self.strategy.buffer_size * training.local_steps,
             )
             if training.client_schedule_clock == "run"
@@ -401,6 +404,11 @@ class AggregationEngine:
             else None
         )
         """Step budgets by measured speed (``local-steps-policy = "speed"``)."""
+        if self.local_steps is not None and self.strategy.synchronous:
+            raise SettingsError(
+                "local-steps-policy 'speed' is for asynchronous strategies: a synchronous "
+                f"round of {self.strategy.name!r} waits for its slowest site whatever its budget"
+            )
         self.steps_planned = 0
         """The step budgets of every task planned (what a dynamic budget run stops by)."""
         # --- bookkeeping ---
@@ -631,6 +639,22 @@ class AggregationEngine:
         self.rejections[rejection.kind] += 1
         return Verdict("rejected", staleness, rejection=rejection)
 
+    # --- progress -----------------------------------------------------------------------------
+    def progress_state(self) -> dict[str, int]:
+        """The steps planned so far (dynamic budgets) and the schedule clock's count, for a
+        checkpoint (:meth:`restore_progress` puts them back)."""
+        state = {"steps_planned": self.steps_planned}
+        if self.schedule_clock is not None:
+            state["schedule_steps"] = self.schedule_clock.steps
+        return state
+
+    def restore_progress(self, state: Mapping[str, Any]) -> None:
+        """Continue a resumed run's counts from :meth:`progress_state` (an older checkpoint
+        has none: the schedule clock then keeps its estimate from the version)."""
+        self.steps_planned = int(state.get("steps_planned", self.steps_planned))
+        if self.schedule_clock is not None and "schedule_steps" in state:
+            self.schedule_clock.steps = int(state["schedule_steps"])
+
     # --- the end ------------------------------------------------------------------------------
     def discard_buffer(self) -> int:
         """Drop the updates cached for an aggregation that will not come; returns how many."""
@@ -755,9 +779,15 @@ class AggregationEngine:
             why = f"cannot replay strategy {self.strategy.name!r} (it does not add the updates)"
         else:
             try:
-                optimizer_from_hyperparameters(self.optimizer.hyperparameters())
+                replayed = optimizer_from_hyperparameters(self.optimizer.hyperparameters())
             except ValueError as err:
                 why = f"cannot replay the server optimizer {self.optimizer!r}: {err}"
+            else:
+                if type(replayed) is not type(self.optimizer):
+                    why = (
+                        f"cannot replay the server optimizer {self.optimizer!r}: devices step "
+                        f"with fedsync's {type(replayed).__name__}, not this subclass"
+                    )
         if why:
             raise SettingsError(f"downlink-kind 'relay' {why}")
         seeded = self._seeded_start(global_state, version)

@@ -97,6 +97,9 @@ class AsyncCheckpoint:
     pruning : dict
         A pruned run's cut (:meth:`fedsync.aggregation.pruning.PrunedModel.checkpoint_state`:
         the mask frame and the frames sent); empty before the cut and in older checkpoints.
+    progress : dict
+        The steps the run has planned (:meth:`fedsync.engine.AggregationEngine.progress_state`:
+        the schedule clock's and the dynamic budgets' counts); empty in older checkpoints.
     """
 
     # --- the model and the optimizer ---
@@ -114,6 +117,7 @@ class AsyncCheckpoint:
     wall_time: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
     pruning: dict[str, Any] = field(default_factory=dict)
+    progress: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values and tensors only (what ``torch.load(weights_only=True)`` reads).

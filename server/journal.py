@@ -75,6 +75,7 @@ class RunJournal:
         if resume is not None:
             self.tally.bytes_up, self.tally.bytes_down = resume.bytes_up, resume.bytes_down
             restore_tally(self.tally, resume.tally)
+            engine.restore_progress(resume.progress)
             # Task ids and seeds go on instead of repeating; max-tasks counts the job.
             self.tasks_dispatched = resume.tasks_dispatched
             self.job_id = resume.job_id or self.job_id
@@ -192,6 +193,7 @@ class RunJournal:
                 "buffered_updates": len(engine.buffer),
             },
             pruning=engine.pruned.checkpoint_state() if engine.pruned is not None else {},
+            progress=engine.progress_state(),
         )
 
     # --- the end ------------------------------------------------------------------------------

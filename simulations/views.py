@@ -20,27 +20,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedsync.reports.provenance import provenance
+from fedsync.simulations.results import EvalPoint
 
 __all__ = ["metric_at", "views"]
 
-_ACCURACY, _LOSS = 3, 4
-"""Positions of accuracy and loss in a row's ``evaluations`` entries (``[sim_time,
-bytes_up, bytes_down, accuracy, loss]``)."""
+def _points(row: Mapping[str, Any]) -> list[EvalPoint]:
+    """A row's evaluations (:meth:`EvalPoint.as_list` entries) as points."""
+    return [EvalPoint(*entry) for entry in row.get("evaluations") or []]
 
 
-def metric_at(evaluations: Sequence[Sequence[float]], time: float, position: int) -> float | None:
-    """The metric of the last evaluation at or before simulated ``time`` (``None``: none)."""
+def metric_at(points: Sequence[EvalPoint], time: float, metric: str) -> float | None:
+    """``metric`` (``accuracy`` or ``loss``) of the last evaluation at or before simulated
+    ``time`` (``None``: none then, or not a finite number)."""
     value = None
-    for entry in evaluations:
-        if entry[0] > time:
+    for point in points:
+        if point.sim_time > time:
             break
-        value = entry[position]
-    return None if value is None else float(value)
+        value = float(getattr(point, metric))
+    return value if value is not None and math.isfinite(value) else None
 
 
 def views(comparison: Mapping[str, Any], reference: str) -> dict[str, Any]:
@@ -49,30 +52,30 @@ def views(comparison: Mapping[str, Any], reference: str) -> dict[str, Any]:
     Raises
     ------
     ValueError
-        If ``reference`` is not a row, or a row has no evaluations.
+        If ``reference`` is not a row, or a row did not finish or has no evaluations.
     """
     rows = {row["label"]: row for row in comparison["strategies"]}
     if reference not in rows:
         raise ValueError(f"no row {reference!r}; rows: {', '.join(rows)}")
-    position = _LOSS if comparison.get("target_metric") == "loss" else _ACCURACY
-    ref = rows[reference]
-    ref_end = float(ref["sim_time"])
+    metric = "loss" if comparison.get("target_metric") == "loss" else "accuracy"
+    series = {label: _points(row) for label, row in rows.items()}
+    for label, row in rows.items():
+        if row.get("sim_time") is None or not series[label]:
+            raise ValueError(f"row {label!r} did not finish or has no evaluations")
+    ref_end = float(rows[reference]["sim_time"])
     out: dict[str, Any] = {}
     for label, row in rows.items():
-        evaluations = row.get("evaluations") or []
-        if not evaluations:
-            raise ValueError(f"row {label!r} has no evaluations")
         end = float(row["sim_time"])
         out[label] = {
-            "final": float(evaluations[-1][position]),
+            "final": metric_at(series[label], math.inf, metric),
             "sim_time": end,
-            "at_reference_end": metric_at(evaluations, ref_end, position),
-            "reference_at_row_end": metric_at(ref["evaluations"], end, position),
+            "at_reference_end": metric_at(series[label], ref_end, metric),
+            "reference_at_row_end": metric_at(series[reference], end, metric),
             "bytes_total": int(row["total_bytes_up"]) + int(row["total_bytes_down"]),
         }
     return {
         "scenario": comparison.get("scenario"),
-        "metric": "loss" if position == _LOSS else "accuracy",
+        "metric": metric,
         "reference": reference,
         "reference_sim_time": ref_end,
         "rows": out,

@@ -92,8 +92,9 @@ class DownlinkPayload:
     """A delta's ``||global - device model|| / ||global||`` before the device applies it:
     the change it carries, relative to the model (0 for the other payloads)."""
     detail: str = ""
-    """A shared payload's content: ``seeded`` or ``stay`` (empty: the device holds its
-    start already), ``changes``, ``whole`` (``""`` for the other kinds)."""
+    """A shared or relay payload's content: ``seeded`` or ``stay`` (empty: the device
+    holds its start already), ``changes`` or ``replay``, ``whole`` (``""`` for the other
+    kinds)."""
     links: int = 0
     """A shared payload's number of changes (the versions the device missed)."""
     broadcast_bytes: int | None = None
@@ -240,7 +241,7 @@ class DownlinkEncoder:
             payload,
             "full",
             start if self.keep_start else None,
-            codecs=_named(codec_spec(self._full_codec)),
+            codecs=named_codecs(codec_spec(self._full_codec)),
         )
 
     def _payload(
@@ -262,7 +263,7 @@ class DownlinkEncoder:
             change=change,
             detail="seeded" if seeded else "",
             initial_digest=self.initial_digest if seeded else "",
-            codecs=_named(codec) if payload else (),
+            codecs=named_codecs(codec) if payload else (),
         )
 
     def _delta(
@@ -366,7 +367,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float] | None:
     }
 
 
-def _named(*specs: str) -> tuple[str, ...]:
+def named_codecs(*specs: str) -> tuple[str, ...]:
     """``specs``, or nothing when one of them is unknown (no check is better than a
     wrong one)."""
     return specs if all(specs) else ()

@@ -25,7 +25,14 @@ scenario's 120 updates). Pruning and AB-Training change the model outside the
 aggregations, and ``fedasync-mix`` mixes models rather than adding updates: the engine
 refuses the relay with them. The server optimizer must be one of fedsync's kinds (its
 :meth:`~fedsync.aggregation.server_optimizer.ServerOptimizer.hyperparameters` travel in
-the frame).
+the frame), not a subclass of one. A relay run does not resume from a checkpoint (the
+devices would need the aggregations from version 0, which the checkpoint does not keep),
+and a device whose seeded model differs from the server's fails its tasks (there is no
+whole-model fallback: the replay needs the exact start). Bit for bit holds where the
+server and the devices compute alike: the server on the CPU (``server-device = "cpu"``,
+the default) and devices on the CPU, which ``tests/unit/test_relay_downlink.py`` checks;
+a CUDA server's or device's kernels may round otherwise, and so may low-rank updates'
+matrix products.
 
 Bytes: a device ``L`` versions behind gets those ``L`` aggregations' payloads, its own
 among them, so the fleet's downlink is about ``C`` times its uplink -- what an all-gather
@@ -67,7 +74,9 @@ class RelayDownlink:
 
     kind = "relay"
 
-    def __init__(self, *, mean: Normalization, optimizer: ServerOptimizer, initial_digest: str):
+    def __init__(
+        self, *, mean: Normalization, optimizer: ServerOptimizer, initial_digest: str
+    ) -> None:
         if not initial_digest:
             raise ValueError("the relay downlink needs the seeded initial model's digest")
         self.mean = mean
@@ -153,6 +162,7 @@ class RelayDownlink:
     def describe(self) -> dict[str, Any]:
         """The counters, for ``summary.json``."""
         return {
+            "kind": self.kind,
             "version": self.version,
             "mean": self.mean,
             "optimizer": json.loads(self.optimizer),

@@ -15,9 +15,10 @@ With ``client-schedule-clock = "run"`` every task carries the run's position ins
 where ``S`` sums the step budgets (``local-steps``) of the tasks planned before it and
 ``C`` is the concurrency: the steps each of ``C`` sites would have taken had the same
 work been dealt evenly. A synchronous strategy counts only the tasks of earlier rounds,
-so every task of round ``r`` carries ``r H``, a synchronous site's own count: its runs
-are unchanged. A run without a step budget (``local-steps = 0``, epochs decide) sums the
-steps its replies report instead, as they arrive.
+so where every site completes its task, every task of round ``r`` carries ``r H``, a
+synchronous site's own count (a failed task planned again counts its budget twice). A
+run without a step budget (``local-steps = 0``, epochs decide) sums the steps its
+replies report instead, as they arrive.
 """
 
 from __future__ import annotations

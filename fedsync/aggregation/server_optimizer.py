@@ -421,15 +421,6 @@ SERVER_OPTIMIZERS: dict[str, type[ServerOptimizer]] = {
 """Name (``server-optimizer`` run-config value) -> class."""
 
 
-_BY_KIND: dict[str, type[ServerOptimizer]] = {
-    "sgd": ServerSGD,
-    "momentum": ServerMomentum,
-    "nesterov": ServerMomentum,
-    "delayed-nesterov": ServerDelayedNesterov,
-    "adam": ServerAdam,
-}
-
-
 def optimizer_from_hyperparameters(values: Mapping[str, Any]) -> ServerOptimizer:
     """The optimizer :meth:`ServerOptimizer.hyperparameters` describes.
 
@@ -440,9 +431,10 @@ def optimizer_from_hyperparameters(values: Mapping[str, Any]) -> ServerOptimizer
     """
     arguments = dict(values)
     kind = arguments.pop("kind", None)
-    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    cls = SERVER_OPTIMIZERS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown server optimizer kind {kind!r}; known: {', '.join(_BY_KIND)}")
+        known = ", ".join(sorted(SERVER_OPTIMIZERS))
+        raise ValueError(f"unknown server optimizer kind {kind!r}; known: {known}")
     try:
         optimizer = cls(**arguments)
     except TypeError as err:

@@ -51,6 +51,7 @@ from fedsync.aggregation.downlink import (
     DownlinkPayload,
     UpdateCodecLike,
     codec_spec,
+    named_codecs,
     relative_gap,
 )
 from fedsync.compression.spec import parse_spec
@@ -338,7 +339,7 @@ class SharedDownlink:
             links=len(links),
             broadcast_bytes=broadcast,
             initial_digest=self.initial_digest if seeded else "",
-            codecs=codecs if all(codecs) else (),
+            codecs=named_codecs(*codecs),
         )
 
     def _whole_for(
@@ -361,7 +362,7 @@ class SharedDownlink:
             relative_gap(state, decoded),
             detail="whole",
             broadcast_bytes=len(payload),
-            codecs=(spec,) if (spec := codec_spec(self._full_codec)) else (),
+            codecs=named_codecs(codec_spec(self._full_codec)),
         )
 
     def _whole_payload(self) -> tuple[int, int, bytes, dict[str, torch.Tensor], bool]:

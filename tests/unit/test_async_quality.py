@@ -104,7 +104,22 @@ def test_the_run_config_picks_c_over_k_for_the_period_and_checks_it() -> None:
     explicit = RunConfig.of(
         strategy="fedbuff", server_optimizer="delayed-nesterov", server_momentum_period=5
     )
-    assert explicit.asynchronous.momentum_period == 5
+    assert explicit.asynchronous.momentum_period() == 5
+    # The strategy's K: a DiLoCo round is one aggregation, FedAsync's K is 1.
+    for strategy, period in (("diloco", 1), ("fedasync", 4), ("fedbuff", 2)):
+        engine = AggregationEngine(
+            RunConfig.of(
+                strategy=strategy,
+                concurrency=4,
+                buffer_size=2,
+                server_optimizer="delayed-nesterov",
+                uplink_codec="none+fp32",
+                downlink_codec="none+fp32",
+            ),
+            {"w": torch.zeros(3)},
+        )
+        assert isinstance(engine.optimizer, ServerDelayedNesterov)
+        assert engine.optimizer.period == period, strategy
     with pytest.raises(SettingsError, match="server-momentum-period"):
         RunConfig.of(strategy="fedbuff", server_momentum_period=-2)
 
@@ -290,6 +305,22 @@ def test_the_engine_plans_each_device_its_budget_and_the_clock_counts_them() -> 
     assert again_slow.schedule_step == (12 + 12 + 12) // 2
     with pytest.raises(SettingsError, match="local-steps-min"):
         RunConfig.of(strategy="fedbuff", local_steps_policy="speed", local_steps=0)
+    with pytest.raises(SettingsError, match="asynchronous strategies"):
+        engine_for(strategy="diloco", local_steps_policy="speed")
+
+
+def test_a_resumed_run_continues_the_planned_steps() -> None:
+    engine = engine_for(local_steps_policy="speed")
+    for number in (1, 2, 3):
+        engine.plan_task(1, number)
+    saved = engine.progress_state()
+    assert saved == {"steps_planned": 30, "schedule_steps": 30}
+    resumed = engine_for(local_steps_policy="speed")
+    resumed.restore_progress(saved)
+    assert resumed.plan_task(2, 4).schedule_step == 15 and resumed.steps_planned == 40
+    older = engine_for()
+    older.restore_progress({})  # an older checkpoint: the counts stay as built
+    assert older.steps_planned == 0
 
 
 # --- the ClientApp path ------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
         number += 1
         flights[node] = engine.plan_task(node, number)
     assert engine.version >= 15
-    assert max(plan.version - 0 for plan in flights.values()) == engine.version
+    assert max(plan.version for plan in flights.values()) == engine.version
     described = engine.describe()["downlink"]
     assert described["optimizer"]["kind"] == "delayed-nesterov"
     assert described["payloads"]["replay"] > 0
@@ -191,3 +191,54 @@ def test_the_initial_digest_is_the_servers() -> None:
     engine = engine_for()
     plan = engine.plan_task(1, 1)
     assert plan.downlink.payload == b"" and plan.downlink.initial_digest == state_digest(initial())
+
+
+def test_a_replay_that_fails_midway_or_lacks_the_optimizer_leaves_the_node_as_it_was() -> None:
+    from fedsync.clients.compressed import RELAY_OPTIMIZER
+    from fedsync.wire.relay import RelayEntry, encode_relay, encode_step
+
+    engine = engine_for()
+    contexts = {1: context(1), 2: context(2)}
+    ctx = contexts[1]
+    number = 0
+    for _ in range(3):  # three aggregations the node replays: a velocity to keep
+        for node in (1, 2):
+            number += 1
+            plan = engine.plan_task(node, number)
+            start = start_of(plan, contexts[node])
+            engine.arrived(plan, 1)
+            engine.receive(plan, trained_reply(plan, start), 10)
+    plan = engine.plan_task(1, number + 1)
+    frame = decode_relay(plan.downlink.payload)
+    steps = [
+        encode_step(
+            step.factor,
+            [
+                RelayEntry(
+                    e.weight, "none+fp32" if i == len(frame.steps) - 1 else e.codec, e.payload
+                )
+                for e in step.entries
+            ],
+        )
+        for i, step in enumerate(frame.steps)
+    ]
+    forged = encode_relay(
+        steps, base=frame.base, target=frame.target, mean=frame.mean, optimizer=frame.optimizer
+    )
+    held = {k: v.numpy().copy() for k, v in ctx.state.array_records[DOWNLINK_BASE].items()}
+    with pytest.raises(PayloadError):  # the last aggregation names another codec
+        apply_relay_downlink(forged, SPECS, ctx, version=plan.version)
+    for name, array in held.items():
+        assert (ctx.state.array_records[DOWNLINK_BASE][name].numpy() == array).all()
+    replayed = apply_relay_downlink(plan.downlink.payload, SPECS, ctx, version=plan.version)
+    for name in SPECS:
+        assert torch.equal(replayed[name], engine.trained[name])
+    del ctx.state.array_records[RELAY_OPTIMIZER]  # the velocity copy is lost
+    engine.arrived(plan, 1)
+    engine.receive(plan, trained_reply(plan, replayed), 10)
+    step = engine.plan_task(2, number + 2)
+    engine.arrived(step, 1)
+    engine.receive(step, trained_reply(step, replayed), 10)
+    later = engine.plan_task(1, number + 3)
+    with pytest.raises(MissingDownlinkBase, match="optimizer"):
+        apply_relay_downlink(later.downlink.payload, SPECS, ctx, version=later.version)

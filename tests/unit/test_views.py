@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fedsync.simulations.results import EvalPoint
 from fedsync.simulations.views import main, metric_at, views
 
 
@@ -39,7 +40,10 @@ def test_each_view_reads_the_last_evaluation_at_or_before_the_mark() -> None:
     assert fast["at_reference_end"] == 2.2  # it had finished by 9 s
     assert document["rows"]["sync"]["at_reference_end"] == 2.1
     assert fast["bytes_total"] == 15 and document["metric"] == "loss"
-    assert metric_at([[1.0, 0, 0, 0.1, 9.0]], 0.5, 4) is None
+    assert metric_at([EvalPoint(1.0, 0, 0, 0.1, 9.0)], 0.5, "loss") is None
+    unfinished = {**COMPARISON, "strategies": [*COMPARISON["strategies"], {"label": "x"}]}
+    with pytest.raises(ValueError, match="did not finish"):
+        views(unfinished, "sync")
 
 
 def test_the_command_writes_the_views_with_their_provenance(tmp_path: Path) -> None:
