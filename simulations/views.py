@@ -30,6 +30,7 @@ from fedsync.simulations.results import EvalPoint
 
 __all__ = ["metric_at", "views"]
 
+
 def _points(row: Mapping[str, Any]) -> list[EvalPoint]:
     """A row's evaluations (:meth:`EvalPoint.as_list` entries) as points."""
     return [EvalPoint(*entry) for entry in row.get("evaluations") or []]
