@@ -2,8 +2,9 @@
 (``cross-site-lm-ci``): dense DiLoCo (a ring all-reduce of fp32 pseudo-gradients),
 SparseLoCo (chunked top-k, 2-bit bin means, decaying error feedback, the mean over the
 sites that selected a coordinate, an all-gather) and fedsync's asynchronous sites with
-SparseLoCo's codec, on the char-gpt transformer over the WAN fleet, every site keeping
-its inner AdamW between tasks.
+SparseLoCo's codec (per-site deltas down, and the relay: every site replaying the
+server's aggregations), on the char-gpt transformer over the WAN fleet, every site
+keeping its inner AdamW between tasks.
 
 Asserts orderings, not absolute numbers: every run completes, the synchronous rounds
 have staleness 0 and download no model, the sparse rows move tens of times fewer bytes
@@ -47,3 +48,8 @@ def test_asynchronous_sites_reach_sparselocos_loss_sooner_on_fewer_bytes(
     assert fedsync["target"]["sim_time"] < sparse["target"]["sim_time"]
     assert fedsync["target"]["bytes_total"] < sparse["target"]["bytes_total"]
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
+    # The relay: every later task replays the aggregations its site missed, none refused.
+    relay = comparison.row("fedsync-sparseloco-relay")
+    assert relay["completed"] and relay["mean_staleness"] > 0, relay
+    assert relay["downlink"]["kind"] == "relay" and relay["downlink"]["payloads"]["replay"] > 0
+    assert relay["downlink"]["resyncs"] == 0 and not relay.get("drops"), relay
