@@ -285,9 +285,11 @@ def _decoded(
     masks: Masks | None,
     codecs: Sequence[str],
     position: int,
+    built: dict[str, UpdateCodec] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The ``position``-th update frame of a downlink, decoded with the codec the task
-    names for it (any codec when it names none)."""
+    names for it (any codec when it names none); ``built`` keeps the codecs of one
+    downlink's frames by spec, so a frame of many changes builds each codec once."""
     if not codecs:
         return densify(UpdateCodec(masks=masks).decode(frame, expected=specs))
     if position >= len(codecs):
@@ -297,7 +299,11 @@ def _decoded(
             expected=f"> {position} codecs",
             got=len(codecs),
         )
-    codec = UpdateCodec(codecs[position], masks=masks)
+    spec = codecs[position]
+    cache = built if built is not None else {}
+    codec = cache.get(spec)
+    if codec is None:
+        codec = cache[spec] = UpdateCodec(spec, masks=masks)
     return densify(codec.decode(frame, expected=specs, own_spec_only=True))
 
 
@@ -384,8 +390,10 @@ def apply_shared_downlink(
                 f"holds version {at} of sequence {epoch}"
             )
         if frame is not None:
+            built: dict[str, UpdateCodec] = {}
             for position, (_, change) in enumerate(frame.links):
-                start = advance(start, _decoded(change, specs, masks, codecs, position), frame.grid)
+                change_values = _decoded(change, specs, masks, codecs, position, built)
+                start = advance(start, change_values, frame.grid)
     held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
     context.state.config_records[DOWNLINK_VERSION] = ConfigRecord(
         {"epoch": epoch, "version": version}

@@ -82,6 +82,20 @@ def trained_reply(plan: InFlight, start: dict[str, torch.Tensor]) -> bytes:
     return UpdateCodec(plan.uplink_spec).encode(delta)
 
 
+def run_rounds(engine: AggregationEngine, contexts: dict[int, Context], rounds: int) -> int:
+    """``rounds`` aggregations, each from one task of every device in ``contexts`` (in
+    order), each device applying its downlink as the ClientApp does; the tasks planned."""
+    number = 0
+    for _ in range(rounds):
+        for node, ctx in contexts.items():
+            number += 1
+            plan = engine.plan_task(node, number)
+            start = start_of(plan, ctx)
+            engine.arrived(plan, 1)
+            engine.receive(plan, trained_reply(plan, start), 10)
+    return number
+
+
 def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
     engine = engine_for()
     history = {0: {name: t.clone() for name, t in engine.trained.items()}}
@@ -110,15 +124,7 @@ def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
 
 def test_a_device_that_lost_its_task_replays_from_version_zero() -> None:
     engine = engine_for()
-    ctx = {node: context(node) for node in (1, 2)}
-    number = 0
-    for _ in range(4):  # four aggregations from devices 1 and 2
-        for node in (1, 2):
-            number += 1
-            plan = engine.plan_task(node, number)
-            start = start_of(plan, ctx[node])
-            engine.arrived(plan, 1)
-            engine.receive(plan, trained_reply(plan, start), 10)
+    number = run_rounds(engine, {node: context(node) for node in (1, 2)}, 4)
     assert engine.version == 4
     lost = engine.plan_task(1, number + 1)
     engine.forget(lost)  # its state is unknown now
@@ -198,16 +204,9 @@ def test_a_replay_that_fails_midway_or_lacks_the_optimizer_leaves_the_node_as_it
     from fedsync.wire.relay import RelayEntry, encode_relay, encode_step
 
     engine = engine_for()
-    contexts = {1: context(1), 2: context(2)}
-    ctx = contexts[1]
-    number = 0
-    for _ in range(3):  # three aggregations the node replays: a velocity to keep
-        for node in (1, 2):
-            number += 1
-            plan = engine.plan_task(node, number)
-            start = start_of(plan, contexts[node])
-            engine.arrived(plan, 1)
-            engine.receive(plan, trained_reply(plan, start), 10)
+    ctx = context(1)
+    # Three aggregations the node replays: a velocity to keep.
+    number = run_rounds(engine, {1: ctx, 2: context(2)}, 3)
     plan = engine.plan_task(1, number + 1)
     frame = decode_relay(plan.downlink.payload)
     steps = [
