@@ -91,6 +91,13 @@ kept in :data:`DOWNLINK_BASE`."""
 RELAY_OPTIMIZER = "fedsync-relay-optimizer"
 """Node state kind: a relay downlink's copy of the server optimizer's buffers, by
 ``"<slot>:<tensor position>"``."""
+RELAY_SENT = "fedsync-relay-sent"
+"""Node state kind: the uplink frames this node sent in a relay run (the last
+:data:`RELAY_SENT_KEPT`), by ``"<order>-<digest hex>"``: a relay frame names them by
+digest instead of sending them back."""
+RELAY_SENT_KEPT = 8
+"""Most sent uplink frames a relay node keeps (one is named by the frame after its
+aggregation; a refused or dropped one is never named and ages out)."""
 RELAY_VERSION = "fedsync-relay-version"
 """``context.state`` record: the ``version`` of the relay downlink's model (kept in
 :data:`DOWNLINK_BASE`), its optimizer copy's ``steps`` and how many ``buffers`` arrays
@@ -210,7 +217,31 @@ def encode_uplink(
     _save_codec_state(codec, held, store, f"v{task.version}/{task.task_seed}")
     if live:
         LIVE.keep(key, context, codec)
-    return _maybe_corrupt(uplink, delta, task, context, masks)
+    sent = _maybe_corrupt(uplink, delta, task, context, masks)
+    if task.downlink_kind == "relay":
+        keep_sent_uplink(sent, held)
+    return sent
+
+
+def keep_sent_uplink(payload: bytes, state: NodeState) -> None:
+    """Keep an uplink frame this node sends in a relay run: the relay frame that carries
+    its aggregation names it by digest (:func:`fedsync.wire.relay.uplink_digest`) instead
+    of sending it back. The last :data:`RELAY_SENT_KEPT` are kept, in :data:`RELAY_SENT`.
+    """
+    from fedsync.wire.relay import uplink_digest
+
+    kept = dict(state.get(RELAY_SENT) or {})
+    order = 1 + max((int(key.partition("-")[0]) for key in kept), default=-1)
+    kept[f"{order:012d}-{uplink_digest(payload).hex()}"] = np.frombuffer(payload, np.uint8)
+    state.put(RELAY_SENT, dict(sorted(kept.items())[-RELAY_SENT_KEPT:]))
+
+
+def _sent_uplinks(state: NodeState) -> dict[bytes, bytes]:
+    """The uplink frames :func:`keep_sent_uplink` kept, by digest."""
+    return {
+        bytes.fromhex(key.partition("-")[2]): array.tobytes()
+        for key, array in (state.get(RELAY_SENT) or {}).items()
+    }
 
 
 def apply_downlink(
@@ -446,7 +477,8 @@ def apply_relay_downlink(
         If the frame is for another version than ``version``, or from another base
         than the node holds.
     MissingDownlinkBase
-        If the frame needs a base and the node holds none.
+        If the frame needs a base and the node holds none, or names an uplink frame
+        of this node's that it no longer keeps (:func:`keep_sent_uplink`).
 
     On any of them the node's state is left as it was.
     """
@@ -487,6 +519,15 @@ def apply_relay_downlink(
     if frame is None and saved is not None:
         return start  # it holds the task's version already
     model, steps, buffers = start, 0, {}
+    used = frame.own if frame is not None else set()
+    if used and frame is not None:
+        try:
+            frame = frame.with_own(_sent_uplinks(held_state))
+        except KeyError as err:
+            raise MissingDownlinkBase(
+                f"relay downlink names this node's own updates: {err.args[0]}; the server "
+                "must replay from version 0"
+            ) from None
     if frame is not None:
         optimizer = frame_optimizer(frame)
         if saved is not None:
@@ -506,6 +547,12 @@ def apply_relay_downlink(
     }
     held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in model.items()})
     held_state.put(RELAY_OPTIMIZER, kept_buffers)
+    if used:  # named once: the node's own update is in its model now
+        sent = held_state.get(RELAY_SENT) or {}
+        held_state.put(
+            RELAY_SENT,
+            {k: v for k, v in sent.items() if bytes.fromhex(k.partition("-")[2]) not in used},
+        )
     context.state.config_records[RELAY_VERSION] = ConfigRecord(
         {"version": version, "steps": steps, "buffers": len(kept_buffers)}
     )

@@ -351,6 +351,8 @@ class AggregationEngine:
         self.downlink: DownlinkEncoder | SharedDownlink | RelayDownlink
         self._relayed: list[RelayEntry] = []
         """A relay downlink's record of the updates in the buffer (its next aggregation)."""
+        self._relayed_from: list[int] = []
+        """Their senders' node ids (a relay frame names a device's own by digest)."""
         if compression.downlink_kind == "shared":
             self.downlink = self._shared_downlink(global_state, version)
         elif compression.downlink_kind == "relay":
@@ -578,6 +580,7 @@ class AggregationEngine:
         )
         if isinstance(self.downlink, RelayDownlink):
             self._relayed.append(RelayEntry(weight, flight.uplink_spec, bytes(payload)))
+            self._relayed_from.append(flight.node_id)
         self._staleness_weights += self.strategy.staleness(staleness)
         if self.norm_guard is not None:
             self.norm_guard.accept(norm)
@@ -597,8 +600,8 @@ class AggregationEngine:
         self._staleness_weights = 0.0
         self.optimizer.step(self.trained, aggregate.update)
         if isinstance(self.downlink, RelayDownlink):
-            self.downlink.record(self.version + 1, factor, self._relayed)
-            self._relayed = []
+            self.downlink.record(self.version + 1, factor, self._relayed, self._relayed_from)
+            self._relayed, self._relayed_from = [], []
         self.version += 1
         if self.pruned is not None:
             # The optimizer's momentum from before the cut must not revive pruned entries.
@@ -661,7 +664,7 @@ class AggregationEngine:
         discarded = len(self.buffer)
         self.buffer.clear()
         self._staleness_weights = 0.0
-        self._relayed = []
+        self._relayed, self._relayed_from = [], []
         return discarded
 
     def placement(self) -> dict[str, torch.device]:

@@ -34,9 +34,13 @@ the default) and devices on the CPU, which ``tests/unit/test_relay_downlink.py``
 a CUDA server's or device's kernels may round otherwise, and so may low-rank updates'
 matrix products.
 
-Bytes: a device ``L`` versions behind gets those ``L`` aggregations' payloads, its own
-among them, so the fleet's downlink is about ``C`` times its uplink -- what an all-gather
-of the same payloads moves (SparseLoCo's collective counts ``C - 1``).
+Bytes: a device ``L`` versions behind gets those ``L`` aggregations' payloads, except
+its own: the device keeps each uplink frame it sends
+(:func:`fedsync.clients.compressed.keep_sent_uplink`, the last
+:data:`~fedsync.clients.compressed.RELAY_SENT_KEPT`) and the frame names those by their
+digest (16 bytes in place of the payload), so the fleet's downlink is about ``C - 1``
+times its uplink, what SparseLoCo's all-gather moves. A device the server knows nothing
+of (its first task, a replay from version 0) gets every payload, its own among them.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from fedsync.aggregation.downlink import DownlinkPayload
 from fedsync.aggregation.server_optimizer import ServerOptimizer, optimizer_from_hyperparameters
 from fedsync.aggregation.validation import validate_update
 from fedsync.updates import TensorSpec
-from fedsync.wire.relay import RelayEntry, RelayFrame, encode_relay, encode_step
+from fedsync.wire.relay import OWN_DIGEST_BYTES, RelayEntry, RelayFrame, encode_relay, encode_step
 
 __all__ = ["RelayDownlink", "frame_optimizer", "replay"]
 
@@ -85,7 +89,13 @@ class RelayDownlink:
         self.version = 0
         """The model version of the last aggregation recorded."""
         self._steps: list[bytes] = []
-        """Version ``v``'s aggregation at index ``v - 1``, encoded once."""
+        """Version ``v``'s aggregation at index ``v - 1``, encoded once (every payload)."""
+        self._made: list[tuple[float, tuple[RelayEntry, ...], tuple[int, ...]]] = []
+        """Version ``v``'s factor, entries and their senders' node ids, at ``v - 1``."""
+        self.own_named = 0
+        """Updates a frame named by digest to their sender instead of carrying them."""
+        self.own_bytes_saved = 0
+        """Bytes those names saved (the payloads less their digests)."""
         self._held: dict[int, int] = {}
         self._pending: dict[int, int] = {}
         self.resyncs = 0
@@ -97,12 +107,22 @@ class RelayDownlink:
         self._lost: set[int] = set()
 
     # --- what the engine tells it ---------------------------------------------------------------
-    def record(self, version: int, factor: float, entries: Sequence[RelayEntry]) -> None:
+    def record(
+        self,
+        version: int,
+        factor: float,
+        entries: Sequence[RelayEntry],
+        senders: Sequence[int] | None = None,
+    ) -> None:
         """Version ``version`` was made from ``entries`` (in the order the buffer took
-        them), the aggregate scaled by ``factor``."""
+        them, sent by the nodes ``senders``; unknown: every device gets every payload),
+        the aggregate scaled by ``factor``."""
         if version != self.version + 1:
             raise ValueError(f"aggregation of version {version} after version {self.version}")
+        if senders is not None and len(senders) != len(entries):
+            raise ValueError(f"{len(entries)} relay entries with {len(senders)} senders")
         self._steps.append(encode_step(factor, entries))
+        self._made.append((factor, tuple(entries), tuple(senders or ())))
         self.version = version
 
     # --- the downlink interface (as DownlinkEncoder's) -----------------------------------------
@@ -125,8 +145,9 @@ class RelayDownlink:
             detail = "seeded" if fresh else "stay"
             self.payloads[detail] += 1
             return DownlinkPayload(b"", "relay", detail=detail, initial_digest=digest)
+        steps = self._steps[base:version] if fresh else self._without_own(node_id, base, version)
         payload = encode_relay(
-            self._steps[base:version],
+            steps,
             base=base,
             target=version,
             mean=self.mean,
@@ -137,6 +158,26 @@ class RelayDownlink:
         return DownlinkPayload(
             payload, "relay", detail="replay", links=version - base, initial_digest=digest
         )
+
+    def _without_own(self, node_id: int, base: int, version: int) -> list[bytes]:
+        """Versions ``base + 1 .. version`` for ``node_id``, its own updates named by
+        their digest (it kept what it sent)."""
+        steps = []
+        for index in range(base, version):
+            factor, entries, senders = self._made[index]
+            if node_id not in senders:
+                steps.append(self._steps[index])
+                continue
+            named = []
+            for entry, sender in zip(entries, senders, strict=True):
+                if sender == node_id:
+                    named.append(entry.as_own())
+                    self.own_named += 1
+                    self.own_bytes_saved += len(entry.payload) - OWN_DIGEST_BYTES
+                else:
+                    named.append(entry)
+            steps.append(encode_step(factor, named))
+        return steps
 
     def commit(self, node_id: int) -> None:
         """The device's reply is in: it holds what its last payload replayed to."""
@@ -170,6 +211,8 @@ class RelayDownlink:
             "aggregations_per_payload": {str(k): v for k, v in sorted(self.links_sent.items())},
             "kept_bytes": sum(len(step) for step in self._steps),
             "resyncs": self.resyncs,
+            "own_named": self.own_named,
+            "own_bytes_saved": self.own_bytes_saved,
         }
 
 
@@ -227,7 +270,8 @@ def replay(
     fedsync.aggregation.InvalidUpdate
         A decoded update that is not one of ``specs`` (or not finite).
     ValueError
-        The frame's mean is not one fedsync knows, or its optimizer not ``optimizer``'s.
+        The frame's mean is not one fedsync knows, its optimizer not ``optimizer``'s, or
+        it names an own update (:meth:`RelayFrame.with_own` fills those in first).
     """
     from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
 
@@ -242,6 +286,8 @@ def replay(
     for step in frame.steps:
         buffer = UpdateBuffer(specs, capacity=len(step.entries), normalization=mean)
         for entry in step.entries:
+            if entry.own:
+                raise ValueError("relay frame names an own update: fill it in before replaying")
             codec = known.get(entry.codec)
             if codec is None:
                 codec = known[entry.codec] = UpdateCodec(entry.codec, specs=specs)

@@ -7,7 +7,10 @@ scaled by, and how the buffer averaged them and the server optimizer stepped. A 
 replays those aggregations on its own copy of the model and of the optimizer's state
 (:mod:`fedsync.aggregation.relay_downlink`), with the server's operations in the server's
 order, so its model is the server's, bit for bit -- what SparseLoCo's all-gather gives a
-synchronous site, here through the server and asynchronously.
+synchronous site, here through the server and asynchronously. A device's own uplink
+payloads are not sent back to it: the frame names each by its digest
+(:func:`uplink_digest`, BLAKE2b of 16 bytes) and the device replays the copy it kept
+when it sent it.
 
 Layout (little-endian; ``varint`` and ``text`` as in :mod:`fedsync.wire.buffer`):
 
@@ -15,7 +18,7 @@ Layout (little-endian; ``varint`` and ``text`` as in :mod:`fedsync.wire.buffer`)
 size       field        meaning
 ========== ============ ==============================================================
 4          magic        ``b"FSRY"``
-1          version      relay-frame format version, 1
+1          version      relay-frame format version, 2
 varint     base         the model version the device must hold
 varint     target       the version it holds once it replayed the frame
 text       mean         the buffer's mean (``count``, ``weight``, ``selected``)
@@ -28,7 +31,11 @@ varint     count        aggregations, ``target - base`` (1..:data:`MAX_STEPS`); 
 varint     entries      updates it took (1..:data:`MAX_ENTRIES`); then per update:
 8 (f64)    weight       its weight in the buffer
 text       codec        the codec spec it was decoded with (its task's)
+1          source       0: the frame carries the update; 1: it is the receiving device's own
+source 0:
 varint     length       then that many bytes: its uplink frame (:mod:`fedsync.wire.frame`)
+source 1:
+16         digest       :func:`uplink_digest` of the uplink frame the device sent
 4 (u32)    crc32        CRC-32 (zlib) of every byte before it
 ========== ============ ==============================================================
 
@@ -41,9 +48,10 @@ target already gets an empty payload (nothing to send).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fedsync.wire.buffer import Reader, Writer, new_container, open_container, seal_container
@@ -52,6 +60,7 @@ from fedsync.wire.errors import LimitExceeded, MalformedField, TrailingBytes
 __all__ = [
     "MAX_ENTRIES",
     "MAX_STEPS",
+    "OWN_DIGEST_BYTES",
     "RELAY_FORMAT_VERSION",
     "RELAY_MAGIC",
     "RelayEntry",
@@ -60,10 +69,11 @@ __all__ = [
     "decode_relay",
     "encode_relay",
     "encode_step",
+    "uplink_digest",
 ]
 
 RELAY_MAGIC = b"FSRY"
-RELAY_FORMAT_VERSION = 1
+RELAY_FORMAT_VERSION = 2
 MAX_STEPS = 1 << 20
 """Most aggregations in one frame (a device that missed more is resynced by the server)."""
 MAX_ENTRIES = 4096
@@ -71,16 +81,33 @@ MAX_ENTRIES = 4096
 MAX_MEAN_LEN = 16
 MAX_OPTIMIZER_LEN = 1024
 MAX_CODEC_LEN = 512
+OWN_DIGEST_BYTES = 16
+"""Length of the digest that names a device's own uplink payload."""
 _F64 = struct.Struct("<d")
+_INLINE, _OWN = 0, 1
+
+
+def uplink_digest(payload: bytes | memoryview) -> bytes:
+    """The digest a relay frame names a device's own uplink frame by (BLAKE2b, 16 bytes)."""
+    return hashlib.blake2b(payload, digest_size=OWN_DIGEST_BYTES).digest()
 
 
 @dataclass(frozen=True)
 class RelayEntry:
-    """One update of an aggregation: its weight, codec spec and uplink frame."""
+    """One update of an aggregation: its weight, codec spec and uplink frame.
+
+    ``own`` non-empty: the update is the receiving device's own, named by its
+    :func:`uplink_digest`; ``payload`` is then empty (the device kept what it sent).
+    """
 
     weight: float
     codec: str
     payload: bytes
+    own: bytes = b""
+
+    def as_own(self) -> RelayEntry:
+        """The entry as its sender receives it: named by its digest, without its bytes."""
+        return RelayEntry(self.weight, self.codec, b"", uplink_digest(self.payload))
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,35 @@ class RelayFrame:
     optimizer: str
     steps: tuple[RelayStep, ...]
 
+    @property
+    def own(self) -> set[bytes]:
+        """The digests of the receiving device's own updates the frame names."""
+        return {entry.own for step in self.steps for entry in step.entries if entry.own}
+
+    def with_own(self, sent: Mapping[bytes, bytes]) -> RelayFrame:
+        """The frame with each own update's bytes filled in from ``sent`` (digest ->
+        uplink frame, what the device kept).
+
+        Raises
+        ------
+        KeyError
+            If the frame names an update ``sent`` does not hold.
+        """
+        missing = self.own - set(sent)
+        if missing:
+            raise KeyError(f"{len(missing)} own update(s) named by the frame are not kept")
+        steps = tuple(
+            RelayStep(
+                step.factor,
+                tuple(
+                    RelayEntry(entry.weight, entry.codec, sent[entry.own]) if entry.own else entry
+                    for entry in step.entries
+                ),
+            )
+            for step in self.steps
+        )
+        return RelayFrame(self.base, self.target, self.mean, self.optimizer, steps)
+
 
 def encode_step(factor: float, entries: Sequence[RelayEntry]) -> bytes:
     """One aggregation's bytes, as a frame carries them (encoded once, sent to many)."""
@@ -114,6 +170,16 @@ def encode_step(factor: float, entries: Sequence[RelayEntry]) -> bytes:
     for entry in entries:
         writer.raw(_F64.pack(_finite("weight", entry.weight)))
         writer.text(entry.codec)
+        if entry.own:
+            if len(entry.own) != OWN_DIGEST_BYTES or entry.payload:
+                raise ValueError(
+                    f"an own entry names a digest of {OWN_DIGEST_BYTES} bytes and carries "
+                    "no payload"
+                )
+            writer.raw(bytes([_OWN]))
+            writer.raw(entry.own)
+            continue
+        writer.raw(bytes([_INLINE]))
         writer.varint(len(entry.payload))
         writer.raw(entry.payload)
     return b"".join(bytes(part) for part in writer.parts)
@@ -198,6 +264,19 @@ def decode_relay(payload: bytes | memoryview) -> RelayFrame:
             where = f"{label} update #{index}"
             weight = _f64(reader, "weight", where)
             codec = reader.text("codec", MAX_CODEC_LEN, "relay codec", where)
+            (source,) = bytes(reader.take(1, "source", where))
+            if source == _OWN:
+                own = bytes(reader.take(OWN_DIGEST_BYTES, "digest", where))
+                entries.append(RelayEntry(weight, codec, b"", own))
+                continue
+            if source != _INLINE:
+                raise MalformedField(
+                    "unknown update source",
+                    field="source",
+                    tensor=where,
+                    expected="0 or 1",
+                    got=source,
+                )
             frame = bytes(reader.take(reader.varint("length", where), "update frame", where))
             entries.append(RelayEntry(weight, codec, frame))
         steps.append(RelayStep(factor, tuple(entries)))

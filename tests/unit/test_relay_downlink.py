@@ -10,6 +10,7 @@ function (:func:`fedsync.clients.compressed.apply_relay_downlink`, a real Flower
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import pytest
@@ -18,18 +19,22 @@ from flwr.app import Context, RecordDict
 
 from fedsync.clients.compressed import (
     DOWNLINK_BASE,
+    RELAY_SENT_KEPT,
     RELAY_VERSION,
     DownlinkVersionMismatch,
     MissingDownlinkBase,
     apply_relay_downlink,
+    keep_sent_uplink,
 )
+from fedsync.clients.node_state import node_state
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.models.initial import state_digest
 from fedsync.updates import TensorSpec
 from fedsync.wire import PayloadError
-from fedsync.wire.relay import decode_relay
+from fedsync.wire.errors import MalformedField
+from fedsync.wire.relay import RelayEntry, decode_relay, encode_relay, encode_step, uplink_digest
 
 SHAPES = {"w": (64, 64), "b": (64,)}
 SPECS = {name: TensorSpec(name, shape) for name, shape in SHAPES.items()}
@@ -39,6 +44,10 @@ UPLINK = "chunktopk:128+binmean:2"
 def initial() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     return {name: torch.randn(shape, generator=generator) for name, shape in SHAPES.items()}
+
+
+def varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
 
 
 def engine_for(**values: Any) -> AggregationEngine:
@@ -76,10 +85,13 @@ def start_of(plan: InFlight, ctx: Context) -> dict[str, torch.Tensor]:
     )
 
 
-def trained_reply(plan: InFlight, start: dict[str, torch.Tensor]) -> bytes:
+def trained_reply(plan: InFlight, start: dict[str, torch.Tensor], ctx: Context) -> bytes:
+    """The device's encoded update, kept as the ClientApp's ``encode_uplink`` keeps it."""
     generator = torch.Generator().manual_seed(plan.seed)
     delta = {name: 0.01 * torch.randn(t.shape, generator=generator) for name, t in start.items()}
-    return UpdateCodec(plan.uplink_spec).encode(delta)
+    payload = UpdateCodec(plan.uplink_spec).encode(delta)
+    keep_sent_uplink(payload, node_state(ctx))
+    return payload
 
 
 def run_rounds(engine: AggregationEngine, contexts: dict[int, Context], rounds: int) -> int:
@@ -92,7 +104,7 @@ def run_rounds(engine: AggregationEngine, contexts: dict[int, Context], rounds: 
             plan = engine.plan_task(node, number)
             start = start_of(plan, ctx)
             engine.arrived(plan, 1)
-            engine.receive(plan, trained_reply(plan, start), 10)
+            engine.receive(plan, trained_reply(plan, start, ctx), 10)
     return number
 
 
@@ -110,7 +122,8 @@ def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
         for name in SPECS:
             assert torch.equal(start[name], history[plan.version][name]), (number, name)
         engine.arrived(plan, 1)
-        assert engine.receive(plan, trained_reply(plan, start), 10).status != "rejected"
+        reply = trained_reply(plan, start, contexts[node])
+        assert engine.receive(plan, reply, 10).status != "rejected"
         history[engine.version] = {name: t.clone() for name, t in engine.trained.items()}
         number += 1
         flights[node] = engine.plan_task(node, number)
@@ -120,6 +133,81 @@ def test_every_device_replays_to_the_servers_model_bit_for_bit() -> None:
     assert described["optimizer"]["kind"] == "delayed-nesterov"
     assert described["payloads"]["replay"] > 0
     assert max(int(k) for k in described["aggregations_per_payload"]) >= 2  # lagging ones
+    # Every device replayed its own updates from what it kept, not from the frame.
+    assert described["own_named"] >= len(order) // 2
+    assert described["own_bytes_saved"] > 0
+
+
+def test_a_frame_names_the_devices_own_update_instead_of_carrying_it() -> None:
+    engine = engine_for()
+    contexts = {node: context(node) for node in (1, 2)}
+    number = run_rounds(engine, contexts, 1)  # version 1: one update of each
+    sent = {}
+    for node, ctx in contexts.items():
+        kept = ctx.state.array_records["fedsync-relay-sent"]
+        sent[node] = next(iter(kept.values())).numpy().tobytes()
+    plans = {node: engine.plan_task(node, number + node) for node in contexts}
+    outsider = engine.plan_task(3, number + 3)  # unknown to the server: every payload
+    inline = decode_relay(outsider.downlink.payload).steps[0].entries
+    assert [entry.payload for entry in inline] == [sent[1], sent[2]]
+    for node, plan in plans.items():
+        entries = decode_relay(plan.downlink.payload).steps[0].entries
+        own = [entry for entry in entries if entry.own]
+        assert len(own) == 1 and own[0].payload == b""
+        assert own[0].own == uplink_digest(sent[node])
+        saved = len(outsider.downlink.payload) - len(plan.downlink.payload)
+        assert saved == len(sent[node]) + varint_size(len(sent[node])) - 16
+        replayed = start_of(plan, contexts[node])
+        for name in SPECS:
+            assert torch.equal(replayed[name], engine.trained[name])
+        # Named once, replayed once: the kept copy is dropped.
+        assert len(contexts[node].state.array_records["fedsync-relay-sent"]) == 0
+
+
+def test_a_device_that_lost_what_it_sent_refuses_and_is_replayed_from_zero() -> None:
+    engine = engine_for()
+    contexts = {node: context(node) for node in (1, 2)}
+    number = run_rounds(engine, contexts, 2)
+    ctx = contexts[1]
+    del ctx.state.array_records["fedsync-relay-sent"]
+    held = {k: v.numpy().copy() for k, v in ctx.state.array_records[DOWNLINK_BASE].items()}
+    version = dict(ctx.state.config_records[RELAY_VERSION])
+    plan = engine.plan_task(1, number + 1)
+    with pytest.raises(MissingDownlinkBase, match="own updates"):
+        start_of(plan, ctx)
+    for name, array in held.items():
+        assert (ctx.state.array_records[DOWNLINK_BASE][name].numpy() == array).all()
+    assert dict(ctx.state.config_records[RELAY_VERSION]) == version
+    engine.forget(plan)  # the failed task: the server replays it from version 0, inline
+    again = engine.plan_task(1, number + 2)
+    frame = decode_relay(again.downlink.payload)
+    assert frame.base == 0 and not frame.own
+    replayed = start_of(again, ctx)
+    for name in SPECS:
+        assert torch.equal(replayed[name], engine.trained[name])
+
+
+def test_the_sent_frames_kept_are_bounded() -> None:
+    ctx = context(1)
+    for index in range(RELAY_SENT_KEPT + 3):
+        keep_sent_uplink(bytes([index]) * 10, node_state(ctx))
+    kept = ctx.state.array_records["fedsync-relay-sent"]
+    assert len(kept) == RELAY_SENT_KEPT
+    assert sorted(bytes(kept[key].numpy()) for key in kept)[0] == bytes([3]) * 10
+
+
+def test_an_unknown_update_source_is_a_typed_error() -> None:
+    entry = RelayEntry(1.0, UPLINK, b"", b"\x02" * 16)
+    step = encode_step(1.0, [entry])
+    frame = encode_relay([step], base=0, target=1, mean="selected", optimizer="{}")
+    assert decode_relay(frame).steps[0].entries == (entry,)
+    position = frame.index(b"\x02" * 16) - 1  # the source byte before the digest
+    broken = bytearray(frame[:-4])
+    broken[position] = 7
+    with pytest.raises(MalformedField, match="source"):
+        decode_relay(bytes(broken) + zlib.crc32(bytes(broken)).to_bytes(4, "little"))
+    with pytest.raises(ValueError, match="digest"):
+        encode_step(1.0, [RelayEntry(1.0, UPLINK, b"x", b"\x01" * 16)])
 
 
 def test_a_device_that_lost_its_task_replays_from_version_zero() -> None:
@@ -143,10 +231,11 @@ def test_bad_frames_are_typed_errors_and_leave_the_node_as_it_was() -> None:
     first = engine.plan_task(1, 1)
     start = start_of(first, ctx)
     engine.arrived(first, 1)
-    engine.receive(first, trained_reply(first, start), 10)
+    engine.receive(first, trained_reply(first, start, ctx), 10)
     other = engine.plan_task(2, 2)
     engine.arrived(other, 1)
-    engine.receive(other, trained_reply(other, start_of(other, context(2))), 10)
+    second = context(2)
+    engine.receive(other, trained_reply(other, start_of(other, second), second), 10)
     plan = engine.plan_task(1, 3)
     held = {k: v.numpy().copy() for k, v in ctx.state.array_records[DOWNLINK_BASE].items()}
     version = dict(ctx.state.config_records[RELAY_VERSION])
@@ -170,7 +259,7 @@ def test_the_frame_holds_the_payloads_as_they_came() -> None:
     for node in (1, 2):
         plan = engine.plan_task(node, node)
         engine.arrived(plan, 1)
-        payload = trained_reply(plan, initial())
+        payload = trained_reply(plan, initial(), context(node))
         sent.append(payload)
         engine.receive(plan, payload, 10)
     frame = decode_relay(engine.plan_task(3, 3).downlink.payload)
@@ -201,7 +290,6 @@ def test_the_initial_digest_is_the_servers() -> None:
 
 def test_a_replay_that_fails_midway_or_lacks_the_optimizer_leaves_the_node_as_it_was() -> None:
     from fedsync.clients.compressed import RELAY_OPTIMIZER
-    from fedsync.wire.relay import RelayEntry, encode_relay, encode_step
 
     engine = engine_for()
     ctx = context(1)
@@ -234,10 +322,10 @@ def test_a_replay_that_fails_midway_or_lacks_the_optimizer_leaves_the_node_as_it
         assert torch.equal(replayed[name], engine.trained[name])
     del ctx.state.array_records[RELAY_OPTIMIZER]  # the velocity copy is lost
     engine.arrived(plan, 1)
-    engine.receive(plan, trained_reply(plan, replayed), 10)
+    engine.receive(plan, trained_reply(plan, replayed, ctx), 10)
     step = engine.plan_task(2, number + 2)
     engine.arrived(step, 1)
-    engine.receive(step, trained_reply(step, replayed), 10)
+    engine.receive(step, trained_reply(step, replayed, context(2)), 10)
     later = engine.plan_task(1, number + 3)
     with pytest.raises(MissingDownlinkBase, match="optimizer"):
         apply_relay_downlink(later.downlink.payload, SPECS, ctx, version=later.version)
