@@ -575,7 +575,8 @@ class CompressionSection(Section):
         "model version for every device, one residual on the server; devices start from the "
         "seeded initial model, see downlink-seeded-start) / relay (each version's uplink "
         "payloads forwarded as they came, replayed by every device: its model is the "
-        "server's, bit for bit; needs downlink-seeded-start)",
+        "server's, bit for bit; a device's own payloads are named by digest, not sent "
+        "back; needs downlink-seeded-start)",
     )
     downlink_delta_codec: str = key(
         "none+uniform:{bits}",

@@ -53,3 +53,4 @@ def test_asynchronous_sites_reach_sparselocos_loss_sooner_on_fewer_bytes(
     assert relay["completed"] and relay["mean_staleness"] > 0, relay
     assert relay["downlink"]["kind"] == "relay" and relay["downlink"]["payloads"]["replay"] > 0
     assert relay["downlink"]["resyncs"] == 0 and not relay.get("drops"), relay
+    assert relay["downlink"]["own_named"] > 0  # its own payloads named, not sent back
