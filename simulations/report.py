@@ -330,6 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--runs`` (a runner's ``results/``; see :func:`fedsync.simulations.results.read_run`).
     The documents that record a seed must record the same one; it is kept.
 
+    With ``--replace``, an ``--add`` document's row replaces ``OUT``'s row of the same
+    label (a row run again); the labels replaced are listed in this rewrite's record and
+    leave the earlier blocks that gave them.
+
     The JSON's ``provenance`` stays that of the runs: ``OUT``'s own block is kept, each
     ``--add`` document's block goes under ``inputs`` (with the labels it gave), and this
     command, its commit and date are appended under ``rewrites``. Rows with no recorded
@@ -360,6 +364,11 @@ def _report_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--add", action="append", default=[], help="another comparison.json of the same scenario"
     )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="rows of the --add documents replace OUT's rows of the same labels (a re-run)",
+    )
     parser.add_argument("--runs", help="a runner's results/ folder: one folder per label")
     parser.add_argument("--scenario", help="scenario name (default: the documents')")
     parser.add_argument("--scale", type=float, help="run-length scale (default: the documents')")
@@ -377,6 +386,8 @@ class _Sources:
     """The ``provenance`` of each ``--add`` document, with the ``labels`` it gave."""
     unrecorded: list[str] = field(default_factory=list)
     """Labels whose source records no provenance (``--runs`` folders, older documents)."""
+    replaced: list[str] = field(default_factory=list)
+    """``OUT``'s labels an ``--add`` document ran again (``--replace``)."""
 
     def provenance(self, rewrite: Mapping[str, Any]) -> dict[str, Any]:
         """The merged document's ``provenance``: the rewritten document's own (command,
@@ -386,8 +397,11 @@ class _Sources:
         machine is claimed for the document (the manifest of the results pages has to give
         them) and the rewritten document's own block moves to ``inputs``."""
         own = dict(self.own) if self.own is not None else {}
-        inputs = list(own.pop("inputs", []))
+        inputs = [self._less_replaced(i) for i in own.pop("inputs", [])]
+        inputs = [i for i in inputs if not isinstance(i, dict) or i.get("labels") != []]
         rewrites = list(own.pop("rewrites", []))
+        if self.replaced:
+            rewrite = {**rewrite, "replaced": sorted(self.replaced)}
         if own and self.unrecorded:  # its rows, less those its own inputs gave
             given = {label for i in inputs if isinstance(i, dict) for label in i.get("labels", [])}
             labels = [label for label in self.own_labels if label not in given]
@@ -395,6 +409,12 @@ class _Sources:
             own = {}
         inputs += self.inputs
         return {**own, **({"inputs": inputs} if inputs else {}), "rewrites": [*rewrites, rewrite]}
+
+    def _less_replaced(self, given: Any) -> Any:
+        """An earlier input's block without the labels this rewrite replaced."""
+        if not isinstance(given, dict) or not self.replaced:
+            return given
+        return {**given, "labels": [x for x in given.get("labels", []) if x not in self.replaced]}
 
 
 def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
@@ -419,7 +439,10 @@ def _gather(out: Path, args: argparse.Namespace) -> tuple[Comparison, _Sources]:
         labels = []
         for result in runs_of(document):
             if result.label in results:
-                raise ValueError(f"{path}: {result.label!r} is in two documents")
+                if not (args.replace and path != own and result.label in sources.own_labels):
+                    raise ValueError(f"{path}: {result.label!r} is in two documents")
+                sources.own_labels.remove(result.label)
+                sources.replaced.append(result.label)
             results[result.label] = result
             labels.append(result.label)
         origin = document.get("provenance")

@@ -302,6 +302,27 @@ def test_a_rewrite_keeps_the_provenance_of_the_runs(tmp_path: Path) -> None:
     assert "--add" in origin["rewrites"][1]["command"]
 
 
+def test_a_row_run_again_replaces_the_old_one_only_when_asked(tmp_path: Path) -> None:
+    out, first, _ = _merged_fixture(tmp_path)
+    assert main([str(out), "--add", str(tmp_path / "b" / "comparison.json")]) == 0
+    scenario = load_scenario("fmnist-ci").scaled(0.5)
+    again = _result("teasq", "teasq", _series((0, 0, 0.1), (2, 40, 0.9), (4, 90, 0.97)))
+    third = _origin("python -m fedsync.simulations.compare fmnist-ci --only teasq", "ccc3333", 2)
+    write_reports(build_comparison(scenario.only(["teasq"]), [again]), tmp_path / "c", third)
+    added = ["--add", str(tmp_path / "c" / "comparison.json")]
+    assert main([str(out), *added]) == 2  # the label twice: refused without --replace
+    assert main([str(out), *added, "--replace"]) == 0
+    merged = json.loads((out / "comparison.json").read_text(encoding="utf-8"))
+    rows = {r["label"]: r for r in merged["strategies"]}
+    assert list(rows) == ["fedavg", "teasq"]
+    assert rows["teasq"]["final_accuracy"] == pytest.approx(0.97)
+    origin = merged["provenance"]
+    assert {key: origin[key] for key in first} == first
+    assert origin["inputs"] == [{**third, "labels": ["teasq"]}]  # b's block gave nothing now
+    assert origin["rewrites"][-1]["replaced"] == ["teasq"]
+    assert "--replace" in origin["rewrites"][-1]["command"]
+
+
 def _page(tmp_path: Path, extra: str = "") -> str:
     manifest = tmp_path / "sources.toml"
     manifest.write_text(
