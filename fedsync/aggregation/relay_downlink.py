@@ -88,10 +88,9 @@ class RelayDownlink:
         self.initial_digest = initial_digest
         self.version = 0
         """The model version of the last aggregation recorded."""
-        self._steps: list[bytes] = []
-        """Version ``v``'s aggregation at index ``v - 1``, encoded once (every payload)."""
         self._made: list[tuple[float, tuple[RelayEntry, ...], tuple[int, ...]]] = []
-        """Version ``v``'s factor, entries and their senders' node ids, at ``v - 1``."""
+        """Version ``v``'s factor, entries and their senders' node ids, at ``v - 1``
+        (encoded per frame: a device's own entries are named, not carried)."""
         self.own_named = 0
         """Updates a frame named by digest to their sender instead of carrying them."""
         self.own_bytes_saved = 0
@@ -121,7 +120,7 @@ class RelayDownlink:
             raise ValueError(f"aggregation of version {version} after version {self.version}")
         if senders is not None and len(senders) != len(entries):
             raise ValueError(f"{len(entries)} relay entries with {len(senders)} senders")
-        self._steps.append(encode_step(factor, entries))
+        encode_step(factor, entries)  # checks the entries before they are kept
         self._made.append((factor, tuple(entries), tuple(senders or ())))
         self.version = version
 
@@ -145,9 +144,8 @@ class RelayDownlink:
             detail = "seeded" if fresh else "stay"
             self.payloads[detail] += 1
             return DownlinkPayload(b"", "relay", detail=detail, initial_digest=digest)
-        steps = self._steps[base:version] if fresh else self._without_own(node_id, base, version)
         payload = encode_relay(
-            steps,
+            self._encoded(None if fresh else node_id, base, version),
             base=base,
             target=version,
             mean=self.mean,
@@ -159,18 +157,14 @@ class RelayDownlink:
             payload, "relay", detail="replay", links=version - base, initial_digest=digest
         )
 
-    def _without_own(self, node_id: int, base: int, version: int) -> list[bytes]:
-        """Versions ``base + 1 .. version`` for ``node_id``, its own updates named by
-        their digest (it kept what it sent)."""
+    def _encoded(self, node_id: int | None, base: int, version: int) -> list[bytes]:
+        """Versions ``base + 1 .. version`` encoded for ``node_id``: its own updates named
+        by their digest (it kept what it sent); ``None``, every update carried."""
         steps = []
-        for index in range(base, version):
-            factor, entries, senders = self._made[index]
-            if node_id not in senders:
-                steps.append(self._steps[index])
-                continue
+        for factor, entries, senders in self._made[base:version]:
             named = []
-            for entry, sender in zip(entries, senders, strict=True):
-                if sender == node_id:
+            for entry, sender in zip(entries, senders or (None,) * len(entries), strict=True):
+                if node_id is not None and sender == node_id:
                     named.append(entry.as_own())
                     self.own_named += 1
                     self.own_bytes_saved += len(entry.payload) - OWN_DIGEST_BYTES
@@ -209,7 +203,7 @@ class RelayDownlink:
             "optimizer": json.loads(self.optimizer),
             "payloads": dict(sorted(self.payloads.items())),
             "aggregations_per_payload": {str(k): v for k, v in sorted(self.links_sent.items())},
-            "kept_bytes": sum(len(step) for step in self._steps),
+            "kept_bytes": sum(len(step) for step in self._encoded(None, 0, self.version)),
             "resyncs": self.resyncs,
             "own_named": self.own_named,
             "own_bytes_saved": self.own_bytes_saved,
