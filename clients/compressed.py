@@ -236,12 +236,14 @@ def keep_sent_uplink(payload: bytes, state: NodeState) -> None:
     state.put(RELAY_SENT, dict(sorted(kept.items())[-RELAY_SENT_KEPT:]))
 
 
+def _sent_digest(key: str) -> bytes:
+    """The digest a :data:`RELAY_SENT` key names (``"<order>-<digest hex>"``)."""
+    return bytes.fromhex(key.partition("-")[2])
+
+
 def _sent_uplinks(state: NodeState) -> dict[bytes, bytes]:
     """The uplink frames :func:`keep_sent_uplink` kept, by digest."""
-    return {
-        bytes.fromhex(key.partition("-")[2]): array.tobytes()
-        for key, array in (state.get(RELAY_SENT) or {}).items()
-    }
+    return {_sent_digest(key): a.tobytes() for key, a in (state.get(RELAY_SENT) or {}).items()}
 
 
 def apply_downlink(
@@ -549,10 +551,7 @@ def apply_relay_downlink(
     held_state.put(RELAY_OPTIMIZER, kept_buffers)
     if used:  # named once: the node's own update is in its model now
         sent = held_state.get(RELAY_SENT) or {}
-        held_state.put(
-            RELAY_SENT,
-            {k: v for k, v in sent.items() if bytes.fromhex(k.partition("-")[2]) not in used},
-        )
+        held_state.put(RELAY_SENT, {k: v for k, v in sent.items() if _sent_digest(k) not in used})
     context.state.config_records[RELAY_VERSION] = ConfigRecord(
         {"version": version, "steps": steps, "buffers": len(kept_buffers)}
     )

@@ -57,7 +57,14 @@ from fedsync.aggregation.downlink import DownlinkPayload
 from fedsync.aggregation.server_optimizer import ServerOptimizer, optimizer_from_hyperparameters
 from fedsync.aggregation.validation import validate_update
 from fedsync.updates import TensorSpec
-from fedsync.wire.relay import OWN_DIGEST_BYTES, RelayEntry, RelayFrame, encode_relay, encode_step
+from fedsync.wire.relay import (
+    OWN_DIGEST_BYTES,
+    RelayEntry,
+    RelayFrame,
+    check_step,
+    encode_relay,
+    encode_step,
+)
 
 __all__ = ["RelayDownlink", "frame_optimizer", "replay"]
 
@@ -120,7 +127,7 @@ class RelayDownlink:
             raise ValueError(f"aggregation of version {version} after version {self.version}")
         if senders is not None and len(senders) != len(entries):
             raise ValueError(f"{len(entries)} relay entries with {len(senders)} senders")
-        encode_step(factor, entries)  # checks the entries before they are kept
+        check_step(factor, entries)
         self._made.append((factor, tuple(entries), tuple(senders or ())))
         self.version = version
 
@@ -203,7 +210,7 @@ class RelayDownlink:
             "optimizer": json.loads(self.optimizer),
             "payloads": dict(sorted(self.payloads.items())),
             "aggregations_per_payload": {str(k): v for k, v in sorted(self.links_sent.items())},
-            "kept_bytes": sum(len(step) for step in self._encoded(None, 0, self.version)),
+            "kept_bytes": sum(len(e.payload) for _, entries, _ in self._made for e in entries),
             "resyncs": self.resyncs,
             "own_named": self.own_named,
             "own_bytes_saved": self.own_bytes_saved,

@@ -66,6 +66,7 @@ __all__ = [
     "RelayEntry",
     "RelayFrame",
     "RelayStep",
+    "check_step",
     "decode_relay",
     "encode_relay",
     "encode_step",
@@ -158,24 +159,33 @@ class RelayFrame:
         return RelayFrame(self.base, self.target, self.mean, self.optimizer, steps)
 
 
-def encode_step(factor: float, entries: Sequence[RelayEntry]) -> bytes:
-    """One aggregation's bytes, as a frame carries them (encoded once, sent to many)."""
+def check_step(factor: float, entries: Sequence[RelayEntry]) -> None:
+    """Raise ``ValueError`` if ``entries`` scaled by ``factor`` cannot be an aggregation
+    of a frame (none or too many, a weight or factor not finite, an own entry that is not
+    a bare digest)."""
     if not entries:
         raise ValueError("an aggregation takes at least one update")
     if len(entries) > MAX_ENTRIES:
         raise ValueError(f"an aggregation of {len(entries)} updates exceeds {MAX_ENTRIES}")
+    _finite("factor", factor)
+    for entry in entries:
+        _finite("weight", entry.weight)
+        if entry.own and (len(entry.own) != OWN_DIGEST_BYTES or entry.payload):
+            raise ValueError(
+                f"an own entry names a digest of {OWN_DIGEST_BYTES} bytes and carries no payload"
+            )
+
+
+def encode_step(factor: float, entries: Sequence[RelayEntry]) -> bytes:
+    """One aggregation's bytes, as a frame carries them (:func:`check_step` first)."""
+    check_step(factor, entries)
     writer = Writer()
-    writer.raw(_F64.pack(_finite("factor", factor)))
+    writer.raw(_F64.pack(factor))
     writer.varint(len(entries))
     for entry in entries:
-        writer.raw(_F64.pack(_finite("weight", entry.weight)))
+        writer.raw(_F64.pack(entry.weight))
         writer.text(entry.codec)
         if entry.own:
-            if len(entry.own) != OWN_DIGEST_BYTES or entry.payload:
-                raise ValueError(
-                    f"an own entry names a digest of {OWN_DIGEST_BYTES} bytes and carries "
-                    "no payload"
-                )
             writer.raw(bytes([_OWN]))
             writer.raw(entry.own)
             continue
