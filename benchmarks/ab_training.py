@@ -19,7 +19,7 @@ follows from the shapes alone, so any update of the model gives the same lengths
 
 The training cost: one local epoch of the CNN (1,600 seeded random images, batch 32,
 SGD with momentum, one thread) as a plain model and wrapped for side ``A`` and side
-``B`` (:class:`fedsync.clients.ab_training.FactoredModel`), interleaved ``--repeats`` times;
+``B`` (:class:`fedsync.clientapp.ab_training.FactoredModel`), interleaved ``--repeats`` times;
 median, min and max wall seconds, and the ratio of medians.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsync.clients.ab_training import FactoredModel
+from fedsync.clientapp.ab_training import FactoredModel
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.data.types import ArrayDataset
 from fedsync.factored import SIDES, Side, factor_shapes, frozen_specs, split, uplink_specs

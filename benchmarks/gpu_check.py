@@ -28,7 +28,7 @@ out is recorded and the next one runs:
     :mod:`benchmarks.deploy_overhead`: a loopback deployment (real ``flower-superlink`` and
     ``flower-supernode`` over gRPC, TLS, the warm executor) with one node on ``--device``
     and ``server-device`` on it too, every uplink recorded
-    (:mod:`fedsync.clients.frame_audit`);
+    (:mod:`fedsync.clientapp.frame_audit`);
 ``frames``
     those records re-encoded on the CPU: each frame and error-feedback state byte-equal;
 ``profile``
@@ -174,7 +174,7 @@ def plan(out: Path, device: str, quick: bool) -> list[Step]:
             [
                 py,
                 "-m",
-                "fedsync.clients.frame_audit",
+                "fedsync.clientapp.frame_audit",
                 str(audit),
                 "--json",
                 str(out / "frames.json"),

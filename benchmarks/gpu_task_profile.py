@@ -13,7 +13,7 @@ config's defaults (digits, its model, the default uplink codec), on ``--device``
     local training as the ClientApp runs it
     (:class:`fedsync.clients.runtime.LocalTraining`), the data's copy to the device included;
 ``delta``
-    ``trained - start`` (:func:`fedsync.clients.compressed.uplink_delta`);
+    ``trained - start`` (:func:`fedsync.clientapp.compressed.uplink_delta`);
 ``encode``
     the uplink codec with error feedback (:meth:`fedsync.codec.UpdateCodec.encode`)
     to the frame's bytes.
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fedsync.clients.compressed import uplink_delta
+from fedsync.clientapp.compressed import uplink_delta
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig

@@ -4,8 +4,8 @@ The same code serves Flower's simulation engine and a deployed SuperNode: the no
 partition (``partition-id``, ``num-partitions``) and its torch device (``device``) come
 from the node config, everything else from the run config. Optional node config:
 ``state-dir`` keeps the codec's error-feedback state on disk across SuperNode restarts
-(:mod:`fedsync.clients.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
-updates, for testing deployments only (:mod:`fedsync.clients.faults`); ``timing-log``
+(:mod:`fedsync.clientapp.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
+updates, for testing deployments only (:mod:`fedsync.clientapp.faults`); ``timing-log``
 appends each message's phase times to a JSONL file (:mod:`fedsync.clients.timing`).
 
 Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
@@ -14,7 +14,7 @@ Two kinds of train task arrive (names in :mod:`fedsync.protocol`):
   reply is the locally trained model, dense. This is the FedAvg baseline.
 * **compressed** -- the model (or a delta against what this node last received) as one
   encoded frame; the reply is the encoded, error-fed-back update. See
-  :mod:`fedsync.clients.compressed`.
+  :mod:`fedsync.clientapp.compressed`.
 """
 
 from __future__ import annotations

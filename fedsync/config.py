@@ -748,7 +748,7 @@ class ClockSection(Section):
     clock: str = key("virtual", "virtual (simulated time from the fleet) / wall (deployment)")
     fleet: str = key(
         "digits-stragglers",
-        "fleet name in simulations/fleets (or a .toml path); empty: uniform devices",
+        "fleet name in fedsync/clock/fleets (or a .toml path); empty: uniform devices",
     )
     fleet_assignment: str = key(
         "order", "order (partition-id order, else node id) / random (seeded draw)"
@@ -895,7 +895,7 @@ NODE_STATE_BACKENDS = ("context", "disk")
 
 @dataclass(frozen=True)
 class NodeSection(Section):
-    """Where a node keeps its per-node arrays (:mod:`fedsync.clients.node_state`); a
+    """Where a node keeps its per-node arrays (:mod:`fedsync.clientapp.node_state`); a
     node's node config may set the same keys, and wins."""
 
     title: ClassVar[str] = "per-node state"

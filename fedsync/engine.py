@@ -10,7 +10,7 @@
         -> buffer (K cached) -> server optimizer step -> version + 1
 
 The engine knows nothing of messages, nodes' addresses or time: the server's loop
-(``server/async_run.py``) asks it for a task plan when a device gets work and hands it
+(``fedsync/serverapp/loop.py``) asks it for a task plan when a device gets work and hands it
 each reply's bytes when the clock releases them. All it keeps of a task in flight is on
 the task's :class:`InFlight` record, which travels with the task (the loop hands it to
 the clock, the clock back on the event that ends the task): nothing is looked up by task

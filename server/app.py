@@ -17,8 +17,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsync.config import RunConfig
 from fedsync.reports import RunFailedError, RunRecorder
-from fedsync.server.evaluation import CentralEvaluator
 from fedsync.server.registry import STRATEGIES
+from fedsync.serverapp.evaluation import CentralEvaluator
 
 app = ServerApp()
 

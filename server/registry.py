@@ -9,9 +9,9 @@ from flwr.serverapp import Grid
 
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, RunSummary
-from fedsync.server.evaluation import CentralEvaluator
-from fedsync.server.run_async import run_async_strategy
-from fedsync.server.run_fedavg import run_fedavg
+from fedsync.serverapp.evaluation import CentralEvaluator
+from fedsync.serverapp.run import run_async_strategy
+from fedsync.serverapp.run_fedavg import run_fedavg
 from fedsync.strategies import STRATEGIES as ENGINE_STRATEGIES
 
 StrategyRunner = Callable[[Grid, Context, RunConfig, RunRecorder, CentralEvaluator], RunSummary]

@@ -31,16 +31,19 @@ from typing import Annotated, Any
 import typer
 
 from fedsync.aggregation.health import DIVERGED_EXIT, health_problem
+from fedsync.clock.fleet import fleet_search_path
 from fedsync.config import RunConfig, SettingsError, check_keys
 from fedsync.reports import RunSummary
+from fedsync.simulations.scenario import SCENARIO_DIR
 
 __all__ = ["app", "main", "parse_run_config", "shipped"]
 
 
 def shipped(kind: str) -> dict[str, str]:
     """The scenarios (``kind="scenarios"``) or fleets (``"fleets"``) that ship, name ->
-    one-line description, read from ``simulations/<kind>/*.toml``."""
-    folder = Path(__file__).resolve().parent / kind
+    one-line description, read from ``simulations/scenarios/*.toml`` or
+    ``fedsync/clock/fleets/*.toml``."""
+    folder = SCENARIO_DIR if kind == "scenarios" else fleet_search_path()[0]
     found: dict[str, str] = {}
     for path in sorted(folder.glob("*.toml")):
         try:

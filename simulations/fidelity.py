@@ -357,7 +357,7 @@ def _explanations(nodes: str, supernode_poll: float) -> list[str]:
         "uploading it, and the ServerApp pulls its objects until they are all in, retrying "
         f"from its poll interval, at most {LOCAL_PULL_RETRY_CAP_S:g} s apart "
         "(fedsync.compat.flower139); replies are "
-        "pulled concurrently (fedsync.server.reply_pulls), so no reply waits behind another's "
+        "pulled concurrently (fedsync.serverapp.reply_pulls), so no reply waits behind another's "
         "upload. The virtual clock takes every reply the moment its upload ends",
         "the ClientApps and the server share 2 CPU cores, so measured compute and "
         "start-up stretch when tasks overlap; the fleet has one speed per device",

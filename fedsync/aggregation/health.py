@@ -12,7 +12,8 @@ reads the central evaluations as they come (every strategy records them in
   one: within two standard errors of what always answering the test set's most
   frequent class scores (and at least 0.02 above it).
 
-The reference values come with the evaluations: :class:`fedsync.server.evaluation.CentralEvaluator`
+The reference values come with the evaluations:
+:class:`fedsync.serverapp.evaluation.CentralEvaluator`
 adds ``chance_accuracy`` (the most frequent class's share of the test set) and
 ``chance_loss`` (``ln C``) to its metrics; an evaluation function of the user's that
 does not is checked for non-finite loss and for the rise against its first evaluation

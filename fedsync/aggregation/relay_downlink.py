@@ -36,8 +36,8 @@ matrix products.
 
 Bytes: a device ``L`` versions behind gets those ``L`` aggregations' payloads, except
 its own: the device keeps each uplink frame it sends
-(:func:`fedsync.clients.compressed.keep_sent_uplink`, the last
-:data:`~fedsync.clients.compressed.RELAY_SENT_KEPT`) and the frame names those by their
+(:func:`fedsync.clientapp.compressed.keep_sent_uplink`, the last
+:data:`~fedsync.clientapp.compressed.RELAY_SENT_KEPT`) and the frame names those by their
 digest (16 bytes in place of the payload), so the fleet's downlink is about ``C - 1``
 times its uplink, what SparseLoCo's all-gather moves. A device the server knows nothing
 of (its first task, a replay from version 0) gets every payload, its own among them.

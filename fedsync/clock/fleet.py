@@ -1,6 +1,6 @@
 """Fleets: named sets of device profiles, loaded from TOML and assigned to SuperNodes.
 
-A fleet file (``simulations/fleets/<name>.toml``) lists groups of identical devices::
+A fleet file (``fedsync/clock/fleets/<name>.toml``) lists groups of identical devices::
 
     name = "digits-stragglers"
     description = "..."
@@ -180,14 +180,9 @@ class Fleet:
 
 
 def fleet_search_path() -> list[Path]:
-    """Folders searched for ``<name>.toml``: the ``fedsync.simulations`` package's
-    ``fleets`` (``simulations/fleets`` in the repository)."""
-    folders = [Path(__file__).resolve().parents[1] / "simulations" / "fleets"]
-    unique: list[Path] = []
-    for folder in folders:
-        if folder not in unique:
-            unique.append(folder)
-    return unique
+    """Folders searched for ``<name>.toml``: the fleets that ship with fedsync
+    (``fedsync/clock/fleets``)."""
+    return [Path(__file__).resolve().parent / "fleets"]
 
 
 def load_fleet(name_or_path: str) -> FleetSpec:

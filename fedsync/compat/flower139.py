@@ -46,8 +46,8 @@ another Flower, and the test that fails when an upgrade breaks it.
 2. :func:`cap_supernode_poll` and :func:`run_flower_supernode`: the SuperNode's 3 s
    poll, shortened (``python -m fedsync.deploy.fast_poll``).
 3. :func:`announced_replies` and :func:`pull_reply`: the HTTP Grid's replies, pulled one
-   by one on a caller's threads (``fedsync.server.reply_pulls``).
-4. The warm executor's names (``fedsync.clients.node_exec``): Flower's Runtime API
+   by one on a caller's threads (``fedsync.serverapp.reply_pulls``).
+4. The warm executor's names (``fedsync.clientapp.node_exec``): Flower's Runtime API
    client and the steps of ``flwr-clientapp``, re-exported.
 5. :func:`parse_config_args`: Flower's ``--run-config`` parser.
 6. :func:`index_simulation_deliveries`: the simulation engine hands out pending
@@ -86,7 +86,7 @@ except ImportError as _err:
 else:
     _REPLY_PULLS_PROBLEM = ""
 
-# 4. The warm executor: without these, python -m fedsync.clients.node_exec refuses to start.
+# 4. The warm executor: without these, python -m fedsync.clientapp.node_exec refuses to start.
 try:
     from flwr.cli.install import install_from_fab
     from flwr.clientapp.utils import get_load_client_app_fn
@@ -273,7 +273,7 @@ def _capped_time(poll: float) -> types.ModuleType:
 # Flower 1.39. HttpGrid.pull_messages asks the SuperLink once for the replies that are in
 # (PullMessages), then, one reply after another, pulls the reply's objects, confirms it and
 # inflates it: a reply whose upload takes 10 s holds back every reply behind it.
-# fedsync.server.reply_pulls splits the two steps (announced_replies on the caller's
+# fedsync.serverapp.reply_pulls splits the two steps (announced_replies on the caller's
 # thread, pull_reply on a pool) with the grid's own Runtime API client, the private
 # HttpGrid._runtime_client (its HTTP client is safe to share between threads). Another
 # layout (reply_pulls_import_problem, http_grid_layout_problem): the channel keeps the
@@ -416,7 +416,7 @@ def pull_reply(grid: Grid, reply: AnnouncedReply, *, stopped: Callable[[], bool]
 # --- 4. The warm executor --------------------------------------------------------------------
 #
 # Flower 1.39. With --isolation process a SuperNode waits for an executor to connect to
-# its Runtime API; fedsync.clients.node_exec is that executor and runs the steps of
+# its Runtime API; fedsync.clientapp.node_exec is that executor and runs the steps of
 # flwr-clientapp (pull_task_input, install the FAB, load and run the ClientApp,
 # push_message, push_task_output) in one long-lived process. Flower ships those steps
 # only in its internal modules: the names imported in the second try block above are

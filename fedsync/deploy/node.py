@@ -2,7 +2,7 @@
 
 Everything after ``--`` goes to ``flower-supernode`` unchanged (the SuperLink address,
 certificates, node key, node config); ``fedsync-node`` adds ``--isolation process`` and a
-loopback Runtime API address, and starts the warm executor (:mod:`fedsync.clients.node_exec`,
+loopback Runtime API address, and starts the warm executor (:mod:`fedsync.clientapp.node_exec`,
 supervised: started again whenever it dies) on that address::
 
     fedsync-node -- --superlink LINK:9092 --root-certificates ca.crt \\
@@ -92,7 +92,7 @@ def node_commands(
     executor = [
         sys.executable,
         "-m",
-        "fedsync.clients.node_exec",
+        "fedsync.clientapp.node_exec",
         "--runtime-api-address",
         f"127.0.0.1:{runtime_port}",
         "--poll",

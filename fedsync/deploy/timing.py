@@ -35,7 +35,7 @@ dispatches (:func:`server_clock_offset`). A long pull lag is the server not taki
 reply yet: Flower 1.39 announces a reply while its node is still uploading it, and the
 ServerApp's pull of its objects retries until they are all in. Flower's own ServerApp
 pulls one reply after another, so a slow upload also held the replies of other nodes;
-fedsync's asynchronous server pulls them concurrently (``fedsync.server.reply_pulls``).
+fedsync's asynchronous server pulls them concurrently (``fedsync.serverapp.reply_pulls``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A comparison (:mod:`fedsync.simulations.report`) or a benchmark writes
 :func:`provenance` into its JSON next to its numbers: the command that produced them,
 the git commit of the code, the date, and the machine (CPU count, load average, the
 Python, torch and Flower versions). The results pages under ``docs/results/``
-(:mod:`fedsync.reports.pages`) take these facts from the JSON; only results written
+(:mod:`fedsync.simulations.pages`) take these facts from the JSON; only results written
 before the block existed need them in ``docs/results/sources.toml``.
 """
 

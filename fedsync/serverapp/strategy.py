@@ -320,8 +320,8 @@ class AsyncStrategy:
         recorder: RunRecorder,
     ) -> Result:
         # Loaded here: the run's machinery (engine, codecs, checkpoints) is heavy.
-        from fedsync.server.checkpoint import check_fits, find_resume, store_for
-        from fedsync.server.run_async import run_async
+        from fedsync.serverapp.checkpoint import check_fits, find_resume, store_for
+        from fedsync.serverapp.run import run_async
 
         section = config.checkpoints
         store = store_for(section, recorder.folder)

@@ -37,7 +37,7 @@ Each link's base is the previous link's target (the first link's is ``base``). T
 decoder checks the magic, the checksum, the codes, the counts, the versions and every
 length before it slices a link; every fault is a :class:`~fedsync.wire.PayloadError`
 subclass naming the field. What the device checks against its own state (the base it
-holds, the version its task names) is the client's: :mod:`fedsync.clients.compressed`.
+holds, the version its task names) is the client's: :mod:`fedsync.clientapp.compressed`.
 """
 
 from __future__ import annotations

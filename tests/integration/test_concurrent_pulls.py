@@ -5,7 +5,7 @@ node 0 uploads its dense 1.2 MB update over a 1 Mbit/s uplink (about 10 s), node
 has 20 Mbit/s both ways (about 0.5 s). The SuperLink announces node 0's reply as soon
 as its upload starts; a ServerApp that pulls one reply after another would then wait
 for that whole upload before it saw any other reply. With the concurrent pulls of
-:mod:`fedsync.server.reply_pulls` node 1's replies keep arriving while node 0's upload is
+:mod:`fedsync.serverapp.reply_pulls` node 1's replies keep arriving while node 0's upload is
 under way, and before it. The check is an ordering (arrivals inside the upload's
 window, with seconds of margin), not a speed.
 """

@@ -37,7 +37,7 @@ from fedsync.deploy.processes import ManagedProcess
 from fedsync.deploy.proctree import descendants
 from fedsync.persist import file_digest, load_arrays
 from fedsync.reports import read_events
-from fedsync.server.checkpoint import CheckpointStore
+from fedsync.serverapp.checkpoint import CheckpointStore
 from tests.integration.conftest import PATHS, deployment_kind, live_group_members
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

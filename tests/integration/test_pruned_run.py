@@ -20,7 +20,7 @@ import torch
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import mask_digest, prunable
 from fedsync.reports import read_events
-from fedsync.server.checkpoint import load_checkpoint
+from fedsync.serverapp.checkpoint import load_checkpoint
 from fedsync.task import tensor_specs
 from tests.integration.conftest import run_simulation
 

@@ -1,7 +1,7 @@
 """Warm executors on a real loopback deployment (``WarmLocalDeployment``), a crash included.
 
 Real flower-superlink and flower-supernode processes (``--isolation process``), each node
-started by ``fedsync-node`` with its supervised warm executor (:mod:`fedsync.clients.node_exec`);
+started by ``fedsync-node`` with its supervised warm executor (:mod:`fedsync.clientapp.node_exec`);
 one executor is SIGKILLed while the run goes on. Every process is stopped by pid.
 """
 
@@ -51,7 +51,7 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
                 # fedsync-node -> the supervisor -> the executor it runs
                 for pid in descendants(deployment.supernodes[0].pid):
                     argv = cmdline(pid)
-                    if "fedsync.clients.node_exec" in argv and "--supervise" not in argv:
+                    if "fedsync.clientapp.node_exec" in argv and "--supervise" not in argv:
                         os.kill(pid, signal.SIGKILL)
                         killed.append(pid)
                 return

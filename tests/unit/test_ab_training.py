@@ -16,7 +16,7 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
-from fedsync.clients.ab_training import FactoredModel, FactorTaskError, decode_frozen
+from fedsync.clientapp.ab_training import FactoredModel, FactorTaskError, decode_frozen
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec

@@ -24,13 +24,13 @@ import torch
 from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-import fedsync.server.channel as channel
+import fedsync.serverapp.channel as channel
 from fedsync import protocol
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunRecorder, read_events
-from fedsync.server.checkpoint import AsyncCheckpoint
-from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.serverapp.checkpoint import AsyncCheckpoint
+from fedsync.serverapp.run import AsyncResult, run_async
 from fedsync.updates import SparseTensor, SparseUpdate, TensorSpec
 from fedsync.wire import UnexpectedCodec
 

@@ -1,6 +1,6 @@
 """Server checkpoints: atomic files, the newest readable one, settings, and a resumed loop.
 
-The loop-level tests run :func:`fedsync.server.run_async.run_async` on the in-process fake
+The loop-level tests run :func:`fedsync.serverapp.run.run_async` on the in-process fake
 Grid of ``tests/unit/test_async_run.py`` (Flower's Message API, scrambled arrivals).
 """
 
@@ -17,7 +17,7 @@ from fedsync.aggregation.progress import RunTally
 from fedsync.config import CheckpointSection, RunConfig, SettingsError
 from fedsync.persist import JOB_KEY, atomic_write_bytes
 from fedsync.reports import RunRecorder, read_events
-from fedsync.server.checkpoint import (
+from fedsync.serverapp.checkpoint import (
     AsyncCheckpoint,
     CheckpointError,
     CheckpointStore,
@@ -28,7 +28,7 @@ from fedsync.server.checkpoint import (
     store_for,
     tally_state,
 )
-from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.serverapp.run import AsyncResult, run_async
 from tests.unit.test_async_run import (  # the fake Grid and clients, and their fixture
     NODES,
     DenseCodec,

@@ -21,7 +21,7 @@ def test_the_help_lists_every_shipped_scenario_and_fleet() -> None:
     result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
     scenarios = sorted(p.stem for p in (ROOT / "simulations" / "scenarios").glob("*.toml"))
-    fleets = sorted(p.stem for p in (ROOT / "simulations" / "fleets").glob("*.toml"))
+    fleets = sorted(p.stem for p in (ROOT / "fedsync" / "clock" / "fleets").glob("*.toml"))
     assert "quickstart" in scenarios and "digits-stragglers" in fleets
     assert sorted(shipped("scenarios")) == scenarios
     assert sorted(shipped("fleets")) == fleets

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Context, RecordDict
 
+from fedsync.clientapp.compressed import CODEC_STATE, DOWNLINK_BASE
 from fedsync.clients.app import train_task
-from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE
 from fedsync.clients.runtime import ClientRuntime
 from tests.unit.test_client_state import RUN_CONFIG, _task_identity, global_model, task
 

@@ -1,6 +1,6 @@
 """Fault injection (node config ``fault``) against the server's checks.
 
-Each fault kind corrupts a real codec frame the way :mod:`fedsync.clients.faults` does on a
+Each fault kind corrupts a real codec frame the way :mod:`fedsync.clientapp.faults` does on a
 deployed node; the asynchronous loop (on the fake Grid of ``test_async_run``) must
 reject every such reply, count it by kind, and leave the global model untouched.
 """
@@ -18,12 +18,12 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 
 from fedsync import protocol
 from fedsync.aggregation.guard import UpdateNormGuard
-from fedsync.clients.faults import FAULT_KINDS, FaultInjector
+from fedsync.clientapp.faults import FAULT_KINDS, FaultInjector
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.records import get_int, get_str
 from fedsync.reports import RunRecorder, read_events
-from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.serverapp.run import AsyncResult, run_async
 from fedsync.updates import TensorSpec
 from tests.unit.test_async_run import (
     SHAPES,

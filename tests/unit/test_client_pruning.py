@@ -15,8 +15,8 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
+from fedsync.clientapp.compressed import PRUNING_MASK, PruningMaskError, hold_pruned_at_zero
 from fedsync.clients.app import train_task
-from fedsync.clients.compressed import PRUNING_MASK, PruningMaskError, hold_pruned_at_zero
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.compression.pruning import apply_masks, magnitude_masks, mask_digest, masked_spec

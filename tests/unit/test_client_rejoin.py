@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-import fedsync.server.async_run as async_run
+import fedsync.serverapp.loop as async_run
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, read_events
-from fedsync.server.run_async import run_async
+from fedsync.serverapp.run import run_async
 from tests.unit.test_async_run import (
     DenseCodec,
     FakeClients,

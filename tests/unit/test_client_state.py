@@ -20,10 +20,10 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
+from fedsync.clientapp.compressed import CODEC_STATE
+from fedsync.clientapp.state_store import JOURNAL, CodecStateStore
 from fedsync.clients.app import train_task
-from fedsync.clients.compressed import CODEC_STATE
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.clients.state_store import JOURNAL, CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.persist import file_digest, load_arrays, save_arrays

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.reports.pages import PagesError, render_pages
+from fedsync.simulations.pages import PagesError, render_pages
 from fedsync.simulations.report import main, write_reports
 from fedsync.simulations.results import (
     SMOOTHING_WINDOW,

@@ -18,7 +18,7 @@ def test_supernode_gets_process_isolation_and_a_loopback_runtime_api() -> None:
         "--isolation", "process", "--host", "127.0.0.1", "--port", "9094"
     ]  # fmt: skip
     assert executor == [
-        sys.executable, "-m", "fedsync.clients.node_exec",
+        sys.executable, "-m", "fedsync.clientapp.node_exec",
         "--runtime-api-address", "127.0.0.1:9094", "--poll", "0.1", "--supervise",
     ]  # fmt: skip
 

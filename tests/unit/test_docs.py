@@ -1,7 +1,7 @@
 """Documentation that stays true: generated results pages and links that resolve.
 
 Every page under ``docs/results/`` but ``methods.md`` is written by
-``python -m fedsync.reports.pages`` from ``docs/results/sources.toml`` and the committed
+``python -m fedsync.simulations.pages`` from ``docs/results/sources.toml`` and the committed
 JSON: regenerating it must give the committed text, so nobody edits a page by hand and a
 changed JSON cannot leave a stale page behind. Every relative link in ``README.md``,
 ``docs/`` and ``examples/`` must point at a file that exists and, for ``#anchor`` links
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.reports.pages import (
+from fedsync.simulations.pages import (
     HAND_WRITTEN,
     MANIFEST,
     PAGES,
@@ -58,7 +58,7 @@ def test_every_results_page_is_what_the_generator_writes() -> None:
     stale = stale_pages(ROOT)
     assert not stale, (
         f"{', '.join(stale)} in {PAGES} differ from their sources: run "
-        "`python -m fedsync.reports.pages` (edit docs/results/sources.toml, not the pages)"
+        "`python -m fedsync.simulations.pages` (edit docs/results/sources.toml, not the pages)"
     )
     assert main(["--check", "--root", str(ROOT)]) == 0
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedsync.clients.compressed import DOWNLINK_BASE, apply_downlink, apply_shared_downlink
+from fedsync.clientapp.compressed import DOWNLINK_BASE, apply_downlink, apply_shared_downlink
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine

@@ -161,10 +161,9 @@ def scan(source: str, where: str) -> list[str]:
 
 
 def shipped_files() -> Iterator[Path]:
-    """Every shipped ``.py`` file once (``fedsync/server`` and the like link to top-level
-    folders, which are scanned themselves), ``fedsync/compat/flower139.py`` left out."""
+    """Every shipped ``.py`` file once, ``fedsync/compat/flower139.py`` left out."""
     for top in SHIPPED:
-        for folder, dirs, files in os.walk(ROOT / top):  # does not follow the links
+        for folder, dirs, files in os.walk(ROOT / top):
             dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
             paths = (Path(folder) / f for f in sorted(files) if f.endswith(".py"))
             yield from (path for path in paths if path != COMPAT)
@@ -185,10 +184,11 @@ def test_only_the_compat_module_reaches_flower_internals() -> None:
 def test_the_scan_reads_each_shipped_file_once() -> None:
     files = [p.relative_to(ROOT).as_posix() for p in shipped_files()]
     assert len(files) == len(set(files))
-    assert {"server/reply_pulls.py", "clients/node_exec.py", "fedsync/deploy/fast_poll.py"} <= set(
-        files
-    )
-    assert not any(f.startswith(("fedsync/server/", "fedsync/clients/")) for f in files)
+    assert {
+        "fedsync/serverapp/reply_pulls.py",
+        "fedsync/clientapp/node_exec.py",
+        "fedsync/deploy/fast_poll.py",
+    } <= set(files)
     assert "fedsync/compat/flower139.py" not in files and "fedsync/compat/__init__.py" in files
 
 
@@ -411,7 +411,7 @@ def test_reply_pulls_find_the_http_grid_layout(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_warm_executor_finds_flowers_runtime_functions() -> None:
-    """Every call ``fedsync.clients.node_exec`` makes, bound to Flower's signatures."""
+    """Every call ``fedsync.clientapp.node_exec`` makes, bound to Flower's signatures."""
     f = flower139
     assert f.warm_executor_problem() == ""
     calls: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
@@ -450,7 +450,7 @@ def test_warm_executor_finds_flowers_runtime_functions() -> None:
 def test_the_warm_executor_refuses_another_layout(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fedsync.clients import node_exec
+    from fedsync.clientapp import node_exec
 
     monkeypatch.setattr(flower139, "_WARM_EXECUTOR_PROBLEM", "import failed: no flwr.cli")
     assert node_exec.main(["--runtime-api-address", "127.0.0.1:9", "--supervise"]) == 2

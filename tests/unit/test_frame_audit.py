@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsync.clients import frame_audit
+from fedsync.clientapp import frame_audit
 from fedsync.codec import UpdateCodec, specs_of
 
 

@@ -16,12 +16,12 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
-from fedsync.clients.app import train_task
-from fedsync.clients.inner_state import (
+from fedsync.clientapp.inner_state import (
     INNER_OPTIMIZER,
     keep_inner_optimizer,
     restore_inner_optimizer,
 )
+from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-import fedsync.clients.compressed as compressed
-from fedsync.clients.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
+import fedsync.clientapp.compressed as compressed
+from fedsync.clientapp.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
 from fedsync.codec import UpdateCodec
 from tests.unit import test_client_state as client_state
 from tests.unit.test_client_state import fresh_context, task, uplink

@@ -11,7 +11,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
 from fedsync.protocol import NodeProfile
-from fedsync.server.probe import PULL_WAIT_FACTOR, device_order, probe_nodes
+from fedsync.serverapp.probe import PULL_WAIT_FACTOR, device_order, probe_nodes
 
 
 def test_profile_round_trips_through_its_record() -> None:

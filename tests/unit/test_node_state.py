@@ -18,15 +18,15 @@ import pytest
 import torch
 from flwr.app import Context, Message, RecordDict
 
-from fedsync.clients.app import train_task
-from fedsync.clients.compressed import CODEC_STATE, DOWNLINK_BASE, MissingDownlinkBase
-from fedsync.clients.node_state import (
+from fedsync.clientapp.compressed import CODEC_STATE, DOWNLINK_BASE, MissingDownlinkBase
+from fedsync.clientapp.node_state import (
     DEFAULT_FOLDER,
     ContextState,
     DiskState,
     node_state,
     node_state_settings,
 )
+from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import SettingsError

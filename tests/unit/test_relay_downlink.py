@@ -4,7 +4,7 @@ server's model, bit for bit.
 The real engine aggregates the real codec's SparseLoCo-style frames (top-k of chunks,
 2-bit bin means) under the selected mean, staleness weights scaled back into the step
 and Delayed Nesterov; each "device" applies its task's downlink with the ClientApp's own
-function (:func:`fedsync.clients.compressed.apply_relay_downlink`, a real Flower
+function (:func:`fedsync.clientapp.compressed.apply_relay_downlink`, a real Flower
 ``Context``), trains (a seeded random step) and replies with its encoded update.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedsync.clients.compressed import (
+from fedsync.clientapp.compressed import (
     DOWNLINK_BASE,
     RELAY_SENT_KEPT,
     RELAY_VERSION,
@@ -26,7 +26,7 @@ from fedsync.clients.compressed import (
     apply_relay_downlink,
     keep_sent_uplink,
 )
-from fedsync.clients.node_state import node_state
+from fedsync.clientapp.node_state import node_state
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
@@ -289,7 +289,7 @@ def test_the_initial_digest_is_the_servers() -> None:
 
 
 def test_a_replay_that_fails_midway_or_lacks_the_optimizer_leaves_the_node_as_it_was() -> None:
-    from fedsync.clients.compressed import RELAY_OPTIMIZER
+    from fedsync.clientapp.compressed import RELAY_OPTIMIZER
 
     engine = engine_for()
     ctx = context(1)

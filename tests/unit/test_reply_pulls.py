@@ -13,9 +13,9 @@ import pytest
 from flwr.serverapp import Grid
 from flwr.superlink.grid.http_grid import HttpGrid
 
-from fedsync.server import reply_pulls
-from fedsync.server.channel import GridChannel
-from fedsync.server.reply_pulls import ReplyPulls, concurrent_pulls
+from fedsync.serverapp import reply_pulls
+from fedsync.serverapp.channel import GridChannel
+from fedsync.serverapp.reply_pulls import ReplyPulls, concurrent_pulls
 from tests.unit.test_async_run import FakeGrid
 
 

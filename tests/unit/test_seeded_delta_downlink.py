@@ -19,19 +19,19 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedsync.aggregation.downlink import DownlinkEncoder, relative_gap
-from fedsync.clients.app import train_task
-from fedsync.clients.compressed import (
+from fedsync.clientapp.compressed import (
     CODEC_STATE,
     DOWNLINK_BASE,
     InitialModelMismatch,
     MissingDownlinkBase,
     apply_downlink,
 )
+from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
-from fedsync.server.run_async import AsyncResult
+from fedsync.serverapp.run import AsyncResult
 from fedsync.task import model_state
 from fedsync.updates import densify
 from tests.unit.test_async_run import of

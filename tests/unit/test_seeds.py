@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fedsync.reports.pages import PagesError, render_pages
+from fedsync.simulations.pages import PagesError, render_pages
 from fedsync.simulations.results import EvalPoint, RunResult, build_comparison, load_comparison
 from fedsync.simulations.scenario import Scenario, parse_scenario
 from fedsync.simulations.seeds import SeedsError, main, read_inputs, summarize
@@ -222,7 +222,7 @@ def test_missing_inputs_are_errors(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not (tmp_path / "out").exists()
 
 
-# --- the results page of a seeds.json (fedsync.reports.pages) -----------------------------------
+# --- the results page of a seeds.json (fedsync.simulations.pages) ---------------------------------
 # Targets 0.4, 0.42 and 0.45; bytes up in units of 10 kB. teasq reaches the target under
 # seeds 0 and 1 (8x and 5x sooner, 20x and 10x fewer bytes), not under seed 2.
 PAGE_CURVES: Curves = {

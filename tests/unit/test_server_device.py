@@ -30,8 +30,8 @@ from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.reports import RunRecorder
-from fedsync.server.checkpoint import CheckpointStore, load_checkpoint
-from fedsync.server.journal import RunJournal
+from fedsync.serverapp.checkpoint import CheckpointStore, load_checkpoint
+from fedsync.serverapp.journal import RunJournal
 from fedsync.updates import TensorSpec
 from fedsync.wire.mask import decode_masks
 

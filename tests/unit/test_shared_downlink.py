@@ -1,7 +1,7 @@
 """The shared downlink (``downlink-kind = "shared"``), server and device with real codecs.
 
 The server side is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`, the
-device side the ClientApp's own :func:`fedsync.clients.compressed.apply_shared_downlink`
+device side the ClientApp's own :func:`fedsync.clientapp.compressed.apply_shared_downlink`
 on a Flower ``Context``; payloads are real frames of :class:`fedsync.codec.UpdateCodec`
 (lossy ones: top-k and 8-bit uniform) inside :mod:`fedsync.wire.shared`'s container.
 Equality is bit for bit (``torch.equal``) throughout.
@@ -23,7 +23,7 @@ from flwr.app import Context, RecordDict
 from fedsync.aggregation.downlink import DownlinkPayload
 from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.shared_downlink import SharedDownlink, VersionEvicted, grid_of
-from fedsync.clients.compressed import (
+from fedsync.clientapp.compressed import (
     DOWNLINK_BASE,
     DOWNLINK_VERSION,
     DownlinkVersionMismatch,
@@ -35,8 +35,8 @@ from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, default_codec_factory
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainTask
-from fedsync.server.checkpoint import restore_tally, tally_state
 from fedsync.serverapp import TEASQ
+from fedsync.serverapp.checkpoint import restore_tally, tally_state
 from fedsync.updates import TensorSpec
 from fedsync.wire import ChecksumMismatch, MalformedField, PayloadError, TruncatedPayload
 from fedsync.wire.shared import decode_shared, encode_changes, encode_whole, to_grid

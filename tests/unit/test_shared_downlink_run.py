@@ -1,5 +1,5 @@
 """The shared downlink end to end: the async loop, a fake Grid, devices that use the
-ClientApp's own :func:`fedsync.clients.compressed.apply_shared_downlink`, real codecs.
+ClientApp's own :func:`fedsync.clientapp.compressed.apply_shared_downlink`, real codecs.
 
 One device builds another initial model than the server's (another seed): it refuses
 its first task with a typed error, as a ClientApp would (Flower turns the exception
@@ -28,8 +28,7 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
-from fedsync.clients.app import train_task
-from fedsync.clients.compressed import (
+from fedsync.clientapp.compressed import (
     CODEC_STATE,
     DOWNLINK_BASE,
     DOWNLINK_VERSION,
@@ -37,13 +36,14 @@ from fedsync.clients.compressed import (
     MissingDownlinkBase,
     apply_shared_downlink,
 )
+from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codec import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.reports import RunRecorder, read_events
-from fedsync.server.run_async import AsyncResult, run_async
+from fedsync.serverapp.run import AsyncResult, run_async
 from fedsync.task import model_state
 from fedsync.updates import TensorSpec
 from tests.unit.test_async_run import FakeGrid, make_evaluate, of, targets_for

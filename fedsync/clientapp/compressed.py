@@ -12,8 +12,8 @@ density and bit width may change from task to task); the codec's sender memory (
 feedback residual, step counter) lives in ``context.state`` too, so the update mass a
 task did not send goes out with a later one. A restarted SuperNode has an empty
 ``context.state``; with node config ``state-dir`` the memory is also kept on disk and
-picked up from there (:mod:`fedsync.clients.state_store`). Node config ``fault`` turns the node
-into a faulty one for deployment tests (:mod:`fedsync.clients.faults`).
+picked up from there (:mod:`fedsync.clientapp.state_store`). Node config ``fault`` turns the node
+into a faulty one for deployment tests (:mod:`fedsync.clientapp.faults`).
 
 A ``relay`` downlink (:mod:`fedsync.aggregation.relay_downlink`) is the server's
 aggregations since the version this node holds, which the node replays on its model and
@@ -40,11 +40,11 @@ hold (restarted) or holds other masks than the task names refuses the task with
 
 Where this module says ``context.state`` for arrays (the codec's memory, the decoded
 model, the masks), run config ``node-state = "disk"`` puts them in files instead and
-keeps a token in ``context.state`` (:mod:`fedsync.clients.node_state`): what a
+keeps a token in ``context.state`` (:mod:`fedsync.clientapp.node_state`): what a
 simulation of many nodes needs when the model is large.
 
 In an AB-Training run (``ab-rank``) every task also names the factor it trains and
-brings the frozen other one (:mod:`fedsync.clients.ab_training`); the update is then the
+brings the frozen other one (:mod:`fedsync.clientapp.ab_training`); the update is then the
 trained factor's delta for each factored tensor.
 """
 
@@ -58,13 +58,13 @@ import torch
 from flwr.app import ConfigRecord, Context
 from flwr.common.logger import log
 
-from fedsync.clients.ab_training import FactoredModel
-from fedsync.clients.faults import FaultInjector
-from fedsync.clients.frame_audit import audit_folder, safe_name
-from fedsync.clients.frame_audit import record as record_frame
-from fedsync.clients.live_state import LIVE, keeps_live_state
-from fedsync.clients.node_state import NodeState, node_state
-from fedsync.clients.state_store import CodecStateStore
+from fedsync.clientapp.ab_training import FactoredModel
+from fedsync.clientapp.faults import FaultInjector
+from fedsync.clientapp.frame_audit import audit_folder, safe_name
+from fedsync.clientapp.frame_audit import record as record_frame
+from fedsync.clientapp.live_state import LIVE, keeps_live_state
+from fedsync.clientapp.node_state import NodeState, node_state
+from fedsync.clientapp.state_store import CodecStateStore
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
@@ -170,12 +170,12 @@ def encode_uplink(
     """Compress ``delta`` with this node's error-feedback memory and keep the memory.
 
     The memory is kept in ``state`` (default: the backend ``node-state`` selects,
-    :mod:`fedsync.clients.node_state`). The codec's random choices are seeded by the
+    :mod:`fedsync.clientapp.node_state`). The codec's random choices are seeded by the
     run's seed and ``partition_id``; node
-    config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clients.state_store`),
+    config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clientapp.state_store`),
     node config ``fault`` corrupts the frame (deployment tests,
-    :mod:`fedsync.clients.faults`). With ``FEDSYNC_FRAME_AUDIT`` set, each encode's inputs
-    and frame are recorded for replay on another device (:mod:`fedsync.clients.frame_audit`).
+    :mod:`fedsync.clientapp.faults`). With ``FEDSYNC_FRAME_AUDIT`` set, each encode's inputs
+    and frame are recorded for replay on another device (:mod:`fedsync.clientapp.frame_audit`).
     """
     # Both ends know the model: frames carry its schema digest, not its tensor table.
     codec = UpdateCodec(
@@ -188,7 +188,7 @@ def encode_uplink(
     held = state if state is not None else node_state(context, job=task.job)
     store = CodecStateStore.from_node_config(node_config, job=task.job, partition_id=partition_id)
     specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
-    # On an accelerator the residual stays there between tasks (fedsync.clients.live_state);
+    # On an accelerator the residual stays there between tasks (fedsync.clientapp.live_state);
     # the saved copy below is still written every task.
     device = next(iter(delta.values())).device
     live = keeps_live_state(device)
@@ -262,7 +262,7 @@ def apply_downlink(
     """Decode the downlink into the model to start from; remember it if ``keep_base``.
 
     The model is remembered in ``state`` (default: the backend ``node-state`` selects,
-    :mod:`fedsync.clients.node_state`).
+    :mod:`fedsync.clientapp.node_state`).
 
     ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs. A
     delta with ``initial_digest`` (a seeded start: the task is this node's first and the
@@ -375,7 +375,7 @@ def apply_shared_downlink(
         The pruning masks a masked frame needs.
     state : NodeState, optional
         Where the model is kept (default: the backend ``node-state`` selects,
-        :mod:`fedsync.clients.node_state`).
+        :mod:`fedsync.clientapp.node_state`).
     codecs : sequence of str
         The codec the task names for each update frame (its changes in order, or the
         whole model); empty: any.

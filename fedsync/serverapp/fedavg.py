@@ -5,7 +5,7 @@ Every later number in fedsync is compared with this strategy, so it is Flower's
 *observes*: it counts the bytes of every model that goes out and every update that comes
 back (the frame length of the arrays inside the real Flower messages, the ruler every
 strategy is measured with: :func:`record_bytes`), times each
-round on the fleet's virtual clock (:mod:`fedsync.server.sync_timing`), and records the rounds
+round on the fleet's virtual clock (:mod:`fedsync.serverapp.sync_timing`), and records the rounds
 in the run's event log.
 """
 
@@ -28,7 +28,7 @@ from fedsync.clock import TaskWork
 from fedsync.codec import UpdateCodec
 from fedsync.records import get_int
 from fedsync.reports import RunRecorder
-from fedsync.server.sync_timing import SyncRoundClock
+from fedsync.serverapp.sync_timing import SyncRoundClock
 
 
 def record_bytes(record: RecordDict) -> int:

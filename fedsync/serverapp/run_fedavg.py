@@ -13,9 +13,9 @@ from fedsync import protocol
 from fedsync.aggregation.progress import RunTally
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, RunSummary, plot_run
-from fedsync.server.evaluation import CentralEvaluator
-from fedsync.server.fedavg import MeteredFedAvg
-from fedsync.server.sync_timing import SyncRoundClock
+from fedsync.serverapp.evaluation import CentralEvaluator
+from fedsync.serverapp.fedavg import MeteredFedAvg
+from fedsync.serverapp.sync_timing import SyncRoundClock
 
 
 def run_fedavg(

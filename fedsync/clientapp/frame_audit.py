@@ -2,12 +2,12 @@
 
 A diagnostic for the claim that a GPU node writes the CPU's bytes: with the environment
 variable ``FEDSYNC_FRAME_AUDIT`` set to a folder in a node's environment, every uplink
-encode (:func:`fedsync.clients.compressed.encode_uplink`) writes one ``.npz`` file there
+encode (:func:`fedsync.clientapp.compressed.encode_uplink`) writes one ``.npz`` file there
 holding the update as the encoder got it (a host copy), the codec's state before and after
 (error-feedback residuals, step), its spec and seed, the devices the update and the kept
 state were on, and the frame it wrote. ::
 
-    python -m fedsync.clients.frame_audit FOLDER [--json OUT]
+    python -m fedsync.clientapp.frame_audit FOLDER [--json OUT]
 
 re-encodes every record with a fresh codec on this process's CPU, from the recorded state,
 and checks that the frame and the state after it are byte-equal to the node's. Exit status

@@ -8,7 +8,7 @@ starts no executor and waits for one to connect; this module is that executor, a
 stays up::
 
     flower-supernode ... --isolation process --host 127.0.0.1 --port 9094
-    python -m fedsync.clients.node_exec --runtime-api-address 127.0.0.1:9094 --supervise
+    python -m fedsync.clientapp.node_exec --runtime-api-address 127.0.0.1:9094 --supervise
 
 It asks the SuperNode for a ClientApp task every ``--poll`` seconds, pulls the message,
 its ``Context`` and the FAB through Flower's own runtime client functions, runs the
@@ -145,7 +145,7 @@ class WarmExecutor:
 
 def supervise(argv: list[str]) -> int:
     """Run the executor as a child; start it again whenever it dies."""
-    child_args = [sys.executable, "-m", "fedsync.clients.node_exec", *argv]
+    child_args = [sys.executable, "-m", "fedsync.clientapp.node_exec", *argv]
     while group_alive():
         started = time.monotonic()
         code = subprocess.call(child_args)
@@ -162,10 +162,10 @@ def supervise(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m fedsync.clients.node_exec``."""
+    """Entry point of ``python -m fedsync.clientapp.node_exec``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog="python -m fedsync.clients.node_exec", description=__doc__
+        prog="python -m fedsync.clientapp.node_exec", description=__doc__
     )
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--poll", type=float, default=0.05)

@@ -23,10 +23,10 @@ from fedsync.clock import Clock
 from fedsync.config import ConfigValue, RunConfig
 from fedsync.engine import AggregationEngine
 from fedsync.reports import RunRecorder, RunSummary
-from fedsync.server.async_run import AsyncRun, EvaluateFn
-from fedsync.server.channel import GridChannel
-from fedsync.server.checkpoint import AsyncCheckpoint
-from fedsync.server.evaluation import CentralEvaluator
+from fedsync.serverapp.channel import GridChannel
+from fedsync.serverapp.checkpoint import AsyncCheckpoint
+from fedsync.serverapp.evaluation import CentralEvaluator
+from fedsync.serverapp.loop import AsyncRun, EvaluateFn
 from fedsync.strategies import Strategy
 
 __all__ = ["AsyncResult", "run_async", "run_async_strategy"]
@@ -159,7 +159,7 @@ def run_async_strategy(
     """The registry's runner for every asynchronous strategy: fedsync's ServerApp as a
     user of the public API (:class:`fedsync.serverapp.AsyncStrategy`).
 
-    Checkpoints and resuming follow the run config (:mod:`fedsync.server.checkpoint`),
+    Checkpoints and resuming follow the run config (:mod:`fedsync.serverapp.checkpoint`),
     the norm check too; ``server-device`` says where the engine keeps the model, the
     buffer and the optimizer state (a checkpoint written on one device resumes on any
     other), ``device`` where the central evaluation runs.

@@ -23,7 +23,7 @@ node or a task that failed after writing left behind does not match; it reads as
 residual, a delta downlink is refused and the server resends the whole model. Nothing
 deletes the files when the run ends: remove ``<dir>/<job>`` (the server names the job
 in every task). Crash-safe state across a SuperNode restart is node config
-``state-dir`` (:mod:`fedsync.clients.state_store`), independent of this.
+``state-dir`` (:mod:`fedsync.clientapp.state_store`), independent of this.
 
 Use :func:`node_state` for the backend a node's configuration selects; a ClientApp
 built on :func:`fedsync.clientapp.receive` needs nothing else.
@@ -43,7 +43,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 
-from fedsync.clients.frame_audit import safe_name
+from fedsync.clientapp.frame_audit import safe_name
 from fedsync.config import NodeSection, SettingsError
 from fedsync.persist import PersistError, arrays_bytes, load_arrays
 

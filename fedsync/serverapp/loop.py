@@ -19,7 +19,7 @@ The clock (:mod:`fedsync.clock`) decides when things happen: in simulation a
 :class:`~fedsync.clock.VirtualClock` releases replies in simulated-time order (real
 ClientApps still run in parallel in Flower's simulation engine), in deployment a
 :class:`~fedsync.clock.WallClock` releases them as they come. The messages are
-:mod:`fedsync.protocol`'s; the Grid is behind :class:`fedsync.server.channel.GridChannel`; what
+:mod:`fedsync.protocol`'s; the Grid is behind :class:`fedsync.serverapp.channel.GridChannel`; what
 an update does to the model is :class:`fedsync.engine.AggregationEngine`'s.
 """
 
@@ -41,10 +41,10 @@ from fedsync.config import ConfigValue, RunConfig
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
 from fedsync.reports import RunRecorder, RunSummary
-from fedsync.server.channel import Delivery, GridChannel
-from fedsync.server.checkpoint import AsyncCheckpoint
-from fedsync.server.journal import EvaluateFn, RunJournal
-from fedsync.server.probe import device_order
+from fedsync.serverapp.channel import Delivery, GridChannel
+from fedsync.serverapp.checkpoint import AsyncCheckpoint
+from fedsync.serverapp.journal import EvaluateFn, RunJournal
+from fedsync.serverapp.probe import device_order
 
 __all__ = ["AsyncRun", "EvaluateFn"]
 

@@ -19,8 +19,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
-from fedsync.server.probe import probe_nodes
-from fedsync.server.reply_pulls import PulledReply, ReplyPulls, SerialPulls, concurrent_pulls
+from fedsync.serverapp.probe import probe_nodes
+from fedsync.serverapp.reply_pulls import PulledReply, ReplyPulls, SerialPulls, concurrent_pulls
 
 __all__ = ["ERROR_NAMES", "Delivery", "GridChannel"]
 
@@ -65,10 +65,10 @@ class GridChannel:
     Notes
     -----
     Over Flower's HTTP Grid (a deployment) replies are pulled concurrently
-    (:mod:`fedsync.server.reply_pulls`): a reply is delivered as soon as its own objects are in,
+    (:mod:`fedsync.serverapp.reply_pulls`): a reply is delivered as soon as its own objects are in,
     not after the uploads of the replies ahead of it, and :meth:`poll` never waits for
     an upload. Any other Grid (the simulation's in-memory one) keeps its own
-    ``pull_messages`` (:class:`~fedsync.server.reply_pulls.SerialPulls`). :meth:`close` ends the
+    ``pull_messages`` (:class:`~fedsync.serverapp.reply_pulls.SerialPulls`). :meth:`close` ends the
     pulls' threads.
     """
 
@@ -124,7 +124,7 @@ class GridChannel:
             self.sleep(1.0)
 
     def probe(self, node_ids: list[int], timeout: float) -> dict[int, NodeProfile]:
-        """Ask every node who it is (see :func:`fedsync.server.probe.probe_nodes`)."""
+        """Ask every node who it is (see :func:`fedsync.serverapp.probe.probe_nodes`)."""
         return probe_nodes(
             self.grid, node_ids, timeout=timeout, poll_interval=self.poll_interval, sleep=self.sleep
         )

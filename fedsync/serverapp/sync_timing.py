@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 
 from fedsync.clock import Fleet, TaskWork, VirtualClock, load_fleet
 from fedsync.clock.fleet import Assignment
-from fedsync.server.probe import device_order, probe_nodes
+from fedsync.serverapp.probe import device_order, probe_nodes
 
 
 @dataclass

@@ -3,10 +3,10 @@
 :class:`fedsync.models.training.InnerOptimizer` holds the local optimizer's moments and
 the device's step count (where its learning-rate schedule stands). Between tasks it
 lives in Flower's ``context.state`` (record :data:`INNER_OPTIMIZER`; or in a file, with
-``node-state = "disk"``: :mod:`fedsync.clients.node_state`); with node config
+``node-state = "disk"``: :mod:`fedsync.clientapp.node_state`); with node config
 ``state-dir`` it is also written to ``<state-dir>/optim-<job>-p<partition>.npz`` after
 every task (crash-safe, :mod:`fedsync.persist`) and read back by a restarted node,
-like the codec's error-feedback residual (:mod:`fedsync.clients.state_store`). A file
+like the codec's error-feedback residual (:mod:`fedsync.clientapp.state_store`). A file
 of another job or partition, or one that cannot be read, is ignored with a warning;
 :meth:`~fedsync.models.training.InnerOptimizer.check_fits` tells a state of another
 model (fedsync's app then starts a fresh optimizer, with a warning, never a wrong one;
@@ -31,15 +31,15 @@ import torch
 from flwr.app import Context
 from flwr.common.logger import log
 
-from fedsync.clients.node_state import NodeState, node_state
-from fedsync.clients.state_store import STATE_DIR, check_owner, node_state_path
+from fedsync.clientapp.node_state import NodeState, node_state
+from fedsync.clientapp.state_store import STATE_DIR, check_owner, node_state_path
 from fedsync.models.training import InnerOptimizer
 from fedsync.persist import PersistError, parse_arrays, save_arrays
 
 __all__ = ["INNER_OPTIMIZER", "keep_inner_optimizer", "restore_inner_optimizer"]
 
 INNER_OPTIMIZER: Final = "fedsync-inner-optimizer"
-"""Node state kind (:mod:`fedsync.clients.node_state`): the device's inner optimizer
+"""Node state kind (:mod:`fedsync.clientapp.node_state`): the device's inner optimizer
 (moments and step count)."""
 FORMAT: Final = 1
 """Version of the file's layout (its header says which it is)."""

@@ -1,6 +1,6 @@
 """What an asynchronous run writes down: evaluations, checkpoints, times and the summary.
 
-The loop (:mod:`fedsync.server.async_run`) decides *when*; the :class:`RunJournal` does the
+The loop (:mod:`fedsync.serverapp.loop`) decides *when*; the :class:`RunJournal` does the
 writing: central evaluations every ``eval-every`` aggregations, checkpoints every
 ``checkpoint-every``, the simulated times a resumed job continues from, and the
 :class:`~fedsync.reports.RunSummary` at the end.
@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from fedsync.engine import AggregationEngine
 from fedsync.progress import LoopProgress
 from fedsync.reports import RunRecorder, RunSummary, plot_run
-from fedsync.server.checkpoint import AsyncCheckpoint, restore_tally, tally_state
+from fedsync.serverapp.checkpoint import AsyncCheckpoint, restore_tally, tally_state
 
 __all__ = ["EvaluateFn", "RunJournal"]
 

@@ -38,8 +38,8 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedsync import protocol
-from fedsync.clients.ab_training import FactoredModel, decode_frozen
-from fedsync.clients.compressed import (
+from fedsync.clientapp.ab_training import FactoredModel, decode_frozen
+from fedsync.clientapp.compressed import (
     Masks,
     apply_downlink,
     apply_relay_downlink,
@@ -49,8 +49,8 @@ from fedsync.clients.compressed import (
     pruning_masks,
     uplink_delta,
 )
-from fedsync.clients.inner_state import keep_inner_optimizer, restore_inner_optimizer
-from fedsync.clients.node_state import NodeState, node_state
+from fedsync.clientapp.inner_state import keep_inner_optimizer, restore_inner_optimizer
+from fedsync.clientapp.node_state import NodeState, node_state
 from fedsync.compat import in_simulation_engine
 from fedsync.config import node_partition
 from fedsync.models.training import InnerOptimizer
@@ -139,7 +139,7 @@ class Task:
         :meth:`~fedsync.models.training.InnerOptimizer.save_from` after training, and
         pass it to :meth:`reply`. fedsync's own loop takes it as ``train(inner=...)``.
         It lives in ``context.state``, and with node config ``state-dir`` on disk too
-        (:mod:`fedsync.clients.inner_state`). ``keep_moments=False`` keeps the step
+        (:mod:`fedsync.clientapp.inner_state`). ``keep_moments=False`` keeps the step
         count only (a schedule across tasks, fresh moments each task).
         """
         return restore_inner_optimizer(
@@ -153,7 +153,7 @@ class Task:
     @property
     def node_state(self) -> NodeState:
         """Where this node keeps its arrays between tasks (run or node config
-        ``node-state``: :mod:`fedsync.clients.node_state`)."""
+        ``node-state``: :mod:`fedsync.clientapp.node_state`)."""
         if self._state is None:
             self._state = node_state(self.context, job=self._job)
         return self._state
@@ -265,17 +265,17 @@ def receive(
     ------
     fedsync.wire.PayloadError
         A downlink frame that is broken, of another codec, or of another model.
-    fedsync.clients.compressed.MissingDownlinkBase
+    fedsync.clientapp.compressed.MissingDownlinkBase
         A delta downlink on a node that holds no base (it restarted): the server sends
         a full model with its next task. Its subclasses too:
-        :class:`~fedsync.clients.compressed.DownlinkVersionMismatch` (a shared frame
+        :class:`~fedsync.clientapp.compressed.DownlinkVersionMismatch` (a shared frame
         for another version or base than this node holds) and
-        :class:`~fedsync.clients.compressed.InitialModelMismatch` (the task starts
+        :class:`~fedsync.clientapp.compressed.InitialModelMismatch` (the task starts
         from the seeded initial model, and ``model`` as given is not it: build it as
         the server built its ``initial_arrays``, e.g. with
         :func:`fedsync.models.initial.seeded_model`, or run the server with
         ``downlink_seeded_start=False``).
-    fedsync.clients.compressed.PruningMaskError
+    fedsync.clientapp.compressed.PruningMaskError
         The task names pruning masks this node does not hold: the server sends them again.
     """
     content = msg.content

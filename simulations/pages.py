@@ -2,8 +2,8 @@
 
 ::
 
-    python -m fedsync.reports.pages            # write docs/results/<page>.md and index.md
-    python -m fedsync.reports.pages --check    # exit 1 when a page differs from its sources
+    python -m fedsync.simulations.pages            # write docs/results/<page>.md and index.md
+    python -m fedsync.simulations.pages --check    # exit 1 when a page differs from its sources
 
 Every page is drawn from ``docs/results/sources.toml`` (the manifest) and the result
 files it names (``comparison.json`` of a comparison, ``seeds.json`` of several seeds of
@@ -103,14 +103,14 @@ __all__ = [
     "write_pages",
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PAGES = Path("docs/results")
 """Where the pages go, relative to the checkout."""
 MANIFEST = PAGES / "sources.toml"
 """The manifest, relative to the checkout."""
 HAND_WRITTEN = frozenset({"methods.md"})
 """Pages in :data:`PAGES` that are written by hand."""
-GENERATOR = "python -m fedsync.reports.pages"
+GENERATOR = "python -m fedsync.simulations.pages"
 
 _PAGE_KEYS = {"name", "title", "summary", "description", "result"}
 _RESULT_KEYS = {
@@ -1443,7 +1443,7 @@ def github_slug(heading: str) -> str:
 
 # --- the command line -------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fedsync.reports.pages [--check] [--root DIR]``; returns the exit status."""
+    """``python -m fedsync.simulations.pages [--check] [--root DIR]``; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog=GENERATOR, description="Write docs/results/*.md from sources.toml and the JSON."
     )
