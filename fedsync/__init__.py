@@ -3,7 +3,8 @@
 In your own Flower app (docs/library.md):
 
 * :mod:`fedsync.serverapp`: the asynchronous strategies as objects for your
-  ServerApp (``TEASQ``, ``FedBuff``, ``FedAsync``, ``DiLoCo``), Flower-style ``start()``;
+  ServerApp (``TEASQ``, ``FedBuff``, ``FedAsync``, ``FedAsyncMix``, ``DiLoCo``, each a
+  :class:`~fedsync.strategies.Strategy`), Flower-style ``start()``;
 * :mod:`fedsync.clientapp`: ``receive`` / ``Task.reply`` around your ``@app.train()``
   training loop, ``probe_reply`` for ``@app.query()``;
 * :mod:`fedsync.codecs`: the codecs on state dicts and tensors (``Codec``);
@@ -27,7 +28,8 @@ _LAZY = {
     "FedBuff": "fedsync.serverapp",
     "FedAsync": "fedsync.serverapp",
     "DiLoCo": "fedsync.serverapp",
-    "AsyncStrategy": "fedsync.serverapp",
+    "FedAsyncMix": "fedsync.serverapp",
+    "Strategy": "fedsync.serverapp",
     "Result": "fedsync.serverapp",
     "receive": "fedsync.clientapp",
     "probe_reply": "fedsync.clientapp",

@@ -49,12 +49,12 @@ from fedsync.models.training import (
 )
 from fedsync.plugins import PluginError, is_import_path
 from fedsync.records import ConfigValue
-from fedsync.strategies import STRATEGIES
 
 MAX_AB_RANK = 1024
 """Largest ``ab-rank`` (a tensor's rank is also capped by its own dimensions)."""
 
 __all__ = [
+    "APP_ONLY_KEYS",
     "AsyncSection",
     "CheckpointSection",
     "ClockSection",
@@ -703,6 +703,25 @@ class CompressionSection(Section):
                 self.uplink_codec,
             )
 
+    def check_codecs(self) -> None:
+        """Parse every codec spec (the schedules' start values filled in) against the
+        stage registry, as the engine will build them.
+
+        Raises
+        ------
+        SettingsError
+            Naming the key and, for a misspelled stage, the closest valid one.
+        """
+        for key_name, spec in (
+            ("uplink-codec", self.schedule(decaying=False).spec(0)),
+            ("downlink-delta-codec", self.downlink_schedule(decaying=False).spec(0)),
+            ("downlink-codec", self.downlink_codec),
+        ):
+            try:
+                parse_spec(spec)
+            except ValueError as err:
+                raise SettingsError(f"run config '{key_name}': {err}") from err
+
     def downlink_schedule(self, *, decaying: bool) -> CompressionSchedule:
         """The delta downlink's :class:`~fedsync.aggregation.schedule.CompressionSchedule`
         (its own knobs: ``downlink-density-*``, ``downlink-bits-*``)."""
@@ -934,6 +953,20 @@ SECTIONS: tuple[tuple[str, type[Section]], ...] = (
 )
 """The sections of :class:`RunConfig`, by attribute name, in docs/configuration.md's order."""
 
+APP_ONLY_KEYS: frozenset[str] = frozenset(
+    {
+        "dataset",
+        "model",
+        "data-dir",
+        "partitioning",
+        "dirichlet-alpha",
+        "shards-per-client",
+        *FedAvgSection().as_run_config(),
+    }
+)
+"""Keys only fedsync's own app reads (its data, its model, its FedAvg baseline): a
+strategy object started from your ServerApp leaves them out of ``summary.json``."""
+
 STRATEGY_HELP = (
     "`fedavg`: Flower's own FedAvg, dense float32 (the baseline); any other name is one of "
     "fedsync's engine strategies (`fedsync.strategies`): teasq, fedbuff, fedasync, "
@@ -964,6 +997,9 @@ class RunConfig:
     BASELINE: ClassVar[str] = "fedavg"
 
     def __post_init__(self) -> None:
+        # The strategies read this module's sections: their registry is read at run time.
+        from fedsync.strategies import STRATEGIES
+
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
@@ -986,6 +1022,8 @@ class RunConfig:
     def _check_collective(self) -> None:
         """A collective's bytes hold only where every site computes the same model: a
         synchronous strategy, the model handed over exactly, nothing per site."""
+        from fedsync.strategies import STRATEGIES
+
         collective = self.asynchronous.collective
         if collective == "none":
             return

@@ -305,7 +305,7 @@ class AggregationEngine:
                 f"the strategy object is {strategy.name!r}, the run config names "
                 f"{config.strategy!r}"
             )
-        self.strategy: Strategy = strategy or STRATEGIES[config.strategy](config.asynchronous)
+        self.strategy: Strategy = strategy or Strategy.from_run_config(config)
         self.collective = config.asynchronous.collective
         """How this run's bytes are counted: as sent, or as a collective moves them."""
         decaying = self.strategy.decaying_compression

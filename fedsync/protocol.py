@@ -278,7 +278,7 @@ class TrainTask:
         empty: none named).
     extra : mapping of str to config value
         The application's own task config (``train_config`` of
-        :meth:`fedsync.serverapp.AsyncStrategy.start`), sent in the same CONFIG record;
+        :meth:`fedsync.strategies.Strategy.start`), sent in the same CONFIG record;
         fedsync's keys above win over a key of the same name.
     """
 

@@ -1,8 +1,11 @@
-"""The fedsync ServerApp: picks the strategy the run config names and records the run.
+"""The fedsync Flower ServerApp: runs the strategy the run config names and records it.
 
-Every strategy writes the same results folder (``<results-dir>/<run>/``): an event log
-(``events.jsonl``), a ``summary.json`` (one :class:`~fedsync.reports.RunSummary`) and
-PNG plots; the central test-set evaluation is shared too, so numbers from different
+A user of the public API like any other app: Flower's FedAvg through
+:func:`fedsync.serverapp.run_fedavg.run_fedavg`, every other strategy through
+:meth:`fedsync.strategies.Strategy.from_run_config` and ``start``. Every strategy writes
+the same results folder (``<results-dir>/<run>/``): an event log (``events.jsonl``,
+docs/events.md), a ``summary.json`` (one :class:`~fedsync.reports.RunSummary`) and PNG
+plots; the central test-set evaluation is shared too, so numbers from different
 strategies compare like for like.
 """
 
@@ -17,8 +20,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsync.config import RunConfig
 from fedsync.reports import RunFailedError, RunRecorder
-from fedsync.server.registry import STRATEGIES
 from fedsync.serverapp.evaluation import CentralEvaluator
+from fedsync.serverapp.run import run_async_strategy
+from fedsync.serverapp.run_fedavg import run_fedavg
 
 app = ServerApp()
 
@@ -27,7 +31,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """Run the strategy named by the ``strategy`` run config key."""
     config = RunConfig.from_run_config(context.run_config)
-    runner = STRATEGIES[config.strategy]
+    runner = run_fedavg if config.strategy == RunConfig.BASELINE else run_async_strategy
     recorder = RunRecorder(config.output.results_path(), config.output.run_name)
     log(INFO, "[fedsync] strategy %s, results in %s", config.strategy, recorder.folder)
     recorder.events.write("run_start", strategy=config.strategy, run_config=config.as_run_config())

@@ -111,7 +111,8 @@ def parse_run_config(items: list[str]) -> dict[str, Any]:
     except click.ClickException as err:
         raise SettingsError(f"run config: {err.message}") from err
     check_keys(values)
-    RunConfig.from_run_config(values)  # types and ranges, before Flower starts
+    # Types, ranges and codec stages, before Flower starts.
+    RunConfig.from_run_config(values).compression.check_codecs()
     return values
 
 

@@ -25,7 +25,7 @@ from fedsync.aggregation import UpdateBuffer, validate_update
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.config import RunConfig
 from fedsync.models.training import InnerOptimizer, evaluate, train
-from fedsync.strategies import STRATEGIES
+from fedsync.strategies import STRATEGIES, Strategy
 from fedsync.task import client_data, dataset_for, model_for, model_state
 from fedsync.updates import TensorSpec
 from fedsync.wire import TensorLayout, inspect_frame
@@ -94,7 +94,7 @@ def uplink_plan(config: RunConfig) -> tuple[Callable[[int], str], int]:
     run's strategy uses them (``fedavg``: the run's start values, ``K`` = 0 meaning
     every client of a round)."""
     if config.strategy in STRATEGIES:
-        strategy = STRATEGIES[config.strategy](config.asynchronous)
+        strategy = Strategy.from_run_config(config)
         schedule = config.compression.schedule(decaying=strategy.decaying_compression)
         return schedule.spec, strategy.buffer_size
     return config.compression.schedule(decaying=False).spec, 0

@@ -58,6 +58,7 @@ another Flower, and the test that fails when an upgrade breaks it.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import types
@@ -636,13 +637,41 @@ def _sharing_run_api(run_api: Callable[..., Any]) -> Callable[..., Any]:
     return run_api_sharing_the_app
 
 
+ENGINE_PATCH_VARIABLE: Final = "FEDSYNC_SIMULATION_ENGINE_PATCH"
+"""Set to ``0`` to keep Flower's own simulation engine functions (section 6)."""
+
+
 def index_simulation_deliveries() -> bool:
     """Install :func:`deliver_pending`'s pass and :class:`SharedClientApp` in Flower's
-    simulation engine, if this process runs it (``vce_api`` imported); returns whether it
-    did (module section 6)."""
+    simulation engine, if this process runs it (``vce_api`` imported) and
+    ``FEDSYNC_SIMULATION_ENGINE_PATCH`` is not ``0``; returns whether it did (module
+    section 6). It says so once in the log, and how to turn it off."""
+    from logging import INFO
+
+    from flwr.common.logger import log
+
     vce_api = sys.modules.get(SIMULATION_ENGINE)
     if vce_api is None or not callable(getattr(vce_api, "add_messages_to_queue", None)):
         return False
+    if os.environ.get(ENGINE_PATCH_VARIABLE, "1").strip() == "0":
+        if not getattr(vce_api, "fedsync_announced", False):
+            vce_api.fedsync_announced = True  # type: ignore[attr-defined]
+            log(
+                INFO,
+                "[fedsync] %s=0: Flower's simulation engine runs unchanged (each round "
+                "scans its message store once per node; one ClientApp load per message)",
+                ENGINE_PATCH_VARIABLE,
+            )
+        return False
+    if not getattr(vce_api, "fedsync_announced", False):
+        vce_api.fedsync_announced = True  # type: ignore[attr-defined]
+        log(
+            INFO,
+            "[fedsync] Flower's simulation engine: messages delivered in one pass per "
+            "round, one ClientApp object per worker (fedsync.compat.flower139, section 6); "
+            "%s=0 keeps Flower's own",
+            ENGINE_PATCH_VARIABLE,
+        )
     vce_api.add_messages_to_queue = _indexed_add_messages_to_queue  # type: ignore[attr-defined]
     run_api = getattr(vce_api, "run_api", None)
     if callable(run_api) and not hasattr(run_api, "fedsync_wraps"):

@@ -35,6 +35,7 @@ floats as Python's shortest round-trip ``repr``. ``format_spec(parse_spec(s))`` 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -253,7 +254,12 @@ def parse_spec(spec: str) -> PipelineConfig:
                     f"stage {name!r} ({earlier[0]}) is repeated or out of order in {spec!r}; "
                     f"the order is {' + '.join(STAGE_ORDER)}"
                 )
-            raise SpecError(f"unknown stage {name!r} in spec {spec!r}; {REGISTRY.describe()}")
+            every = sorted({n for k in STAGE_ORDER for n in REGISTRY.names(k)})
+            close = difflib.get_close_matches(name, every, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(
+                f"unknown stage {name!r} in spec {spec!r}{hint} ({REGISTRY.describe()})"
+            )
         found[kind] = parse_stage(text, kind)
         slot = STAGE_ORDER.index(kind) + 1
     return PipelineConfig(

@@ -1,15 +1,22 @@
-"""fedsync's asynchronous strategies for your own Flower ServerApp.
+"""fedsync for your own Flower ServerApp: the strategies, and the server loop they run on.
 
 ``TEASQ(...).start(grid=..., initial_arrays=..., evaluate_fn=...)`` as with Flower's
-``FedAvg``; see :mod:`fedsync.serverapp.strategy` and docs/library.md.
+``FedAvg``: each strategy is one class of :mod:`fedsync.strategies` (one file each, on
+:class:`~fedsync.strategies.Strategy`); the loop, the channel to the Grid, checkpoints and
+the run's journal are this package's modules (docs/library.md, docs/architecture.md).
 """
 
-from fedsync.serverapp.diloco import DiLoCo
-from fedsync.serverapp.fedasync import FedAsync
-from fedsync.serverapp.fedbuff import FedBuff
-from fedsync.serverapp.strategy import _CLASSES, AsyncStrategy, FlowerEvaluateFn, Result
-from fedsync.serverapp.teasq import TEASQ
+from fedsync.serverapp.run import FlowerEvaluateFn, Result
+from fedsync.strategies import STRATEGIES, TEASQ, DiLoCo, FedAsync, FedAsyncMix, FedBuff, Strategy
 
-_CLASSES.update({cls.name: cls for cls in (TEASQ, FedBuff, FedAsync, DiLoCo)})
-
-__all__ = ["TEASQ", "AsyncStrategy", "DiLoCo", "FedAsync", "FedBuff", "FlowerEvaluateFn", "Result"]
+__all__ = [
+    "STRATEGIES",
+    "TEASQ",
+    "DiLoCo",
+    "FedAsync",
+    "FedAsyncMix",
+    "FedBuff",
+    "FlowerEvaluateFn",
+    "Result",
+    "Strategy",
+]

@@ -1,20 +1,24 @@
-"""fedsync's asynchronous strategies, one file each, registered here in one line each.
+"""fedsync's asynchronous strategies, one class per file on one small base.
 
-``STRATEGIES[name]`` is the class the ``strategy`` run-config value names; Flower's
-own FedAvg (``fedavg``) is the synchronous baseline and lives in ``server/``.
+``STRATEGIES[name]`` is the class the ``strategy`` run-config value names, filled by
+subclassing :class:`Strategy`; Flower's own FedAvg (``fedavg``) is the synchronous
+baseline (:mod:`fedsync.serverapp.run_fedavg`). Your ServerApp imports the classes from
+:mod:`fedsync.serverapp`. Every module of this folder is imported here, so a new
+strategy is its file alone (docs/architecture.md, "Adding a strategy").
 """
 
-from fedsync.strategies.base import Arrival, Contribution, Strategy
+import importlib
+import pkgutil
+
+from fedsync.strategies.base import STRATEGIES, Arrival, Contribution, Strategy
 from fedsync.strategies.diloco import DiLoCo
 from fedsync.strategies.fedasync import FedAsync
 from fedsync.strategies.fedasync_mix import FedAsyncMix
 from fedsync.strategies.fedbuff import FedBuff
 from fedsync.strategies.teasq import TEASQ
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (TEASQ, FedBuff, FedAsync, FedAsyncMix, DiLoCo)
-}
-"""Strategy classes by run-config name."""
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "STRATEGIES",

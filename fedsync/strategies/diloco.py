@@ -12,7 +12,7 @@ SparseLoCo-style).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedsync.strategies.base import Arrival, Strategy
 
@@ -23,11 +23,25 @@ __all__ = ["DiLoCo"]
 
 
 class DiLoCo(Strategy):
-    """Synchronous rounds of ``C`` sites: the plain mean of their updates, staleness 0."""
+    """DiLoCo: each round's ``concurrency`` pseudo-gradients averaged (staleness 0), then
+    an outer Nesterov step (learning rate 0.7, momentum 0.9 by default). The sites' inner
+    loop is the application's (DiLoCo's: AdamW for H steps).
+
+    Parameters
+    ----------
+    **kwargs
+        See :class:`~fedsync.strategies.Strategy`; ``buffer_size`` is not used (K = C).
+    """
 
     name = "diloco"
     normalization = "count"
     synchronous = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("server_optimizer", "nesterov")
+        kwargs.setdefault("server_learning_rate", 0.7)
+        kwargs.setdefault("uplink_codec", "none+fp32")
+        super().__init__(**kwargs)
 
     def cached_updates(self, settings: AsyncSection) -> int:
         """``K = C``: a round is one update from each site in flight."""

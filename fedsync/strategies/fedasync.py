@@ -1,31 +1,43 @@
 """FedAsync (Xie et al., 2019) in its delta form: every update applied at once.
 
 ``x += alpha s(tau) Delta_i`` the moment an update arrives (K = 1). The paper's own
-form mixes the device's *model* into the global one: see
-:mod:`fedsync.strategies.fedasync_mix`.
+form mixes the device's *model* into the global one: :class:`~fedsync.strategies.FedAsyncMix`
+(:mod:`fedsync.strategies.fedasync_mix`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
+from fedsync.config import AsyncSection
 from fedsync.strategies.base import Arrival, Strategy
-
-if TYPE_CHECKING:
-    from fedsync.config import AsyncSection
 
 __all__ = ["FedAsync"]
 
 
 class FedAsync(Strategy):
-    """K = 1; weight ``alpha s(tau)`` (``fedasync-alpha``)."""
+    """FedAsync, delta form: ``x += alpha s(tau) Delta``, one update per aggregation.
+
+    Parameters
+    ----------
+    alpha : float
+        The weight ``alpha`` in ``(0, 1]`` (run-config key ``fedasync-alpha``).
+    **kwargs
+        See :class:`~fedsync.strategies.Strategy`.
+    """
 
     name = "fedasync"
     normalization = "count"
 
-    def __init__(self, settings: AsyncSection) -> None:
-        super().__init__(settings)
+    def __init__(self, *, alpha: float = 0.6, **kwargs: Any) -> None:
+        kwargs.setdefault("buffer_size", 1)
+        super().__init__(fedasync_alpha=alpha, **kwargs)
+
+    def configure(self, settings: AsyncSection) -> None:
+        """The base numbers and ``alpha``."""
+        super().configure(settings)
         self.alpha = settings.fedasync_alpha
+        """The weight of every update (times ``s(staleness)``)."""
 
     def cached_updates(self, settings: AsyncSection) -> int:
         """Always 1: every update is applied the moment it arrives."""

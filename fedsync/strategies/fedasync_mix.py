@@ -26,7 +26,11 @@ __all__ = ["FedAsyncMix"]
 
 
 class FedAsyncMix(FedAsync):
-    """K = 1; contribution ``(x_start - x) + Delta``, weight ``alpha s(tau)``."""
+    """FedAsync as the paper writes it: ``x <- (1 - a_t) x + a_t x_local`` with
+    ``a_t = alpha s(tau)``, one update per aggregation.
+
+    Parameters: ``alpha`` and every keyword argument of :class:`FedAsync`.
+    """
 
     name = "fedasync-mix"
     needs_start_model = True

@@ -11,7 +11,10 @@ __all__ = ["FedBuff"]
 
 
 class FedBuff(Strategy):
-    """Cache K updates, each weighted by ``s(staleness)``, divide by K."""
+    """FedBuff: cache K updates, each weighted by ``s(staleness)``, divide by K.
+
+    Parameters: see :class:`~fedsync.strategies.Strategy` (every keyword argument).
+    """
 
     name = "fedbuff"
     normalization = "count"

@@ -14,7 +14,11 @@ __all__ = ["TEASQ"]
 
 
 class TEASQ(Strategy):
-    """Weights ``n_i s(tau_i)``, normalised by their sum; decaying compression."""
+    """TEASQ-Fed: ``x += eta * sum_i n_i s(tau_i) Delta_i / sum_i n_i s(tau_i)``, the
+    uplink's density and bit width decaying with the model version.
+
+    Parameters: see :class:`~fedsync.strategies.Strategy` (every keyword argument).
+    """
 
     name = "teasq"
     normalization = "weight"

@@ -119,3 +119,30 @@ def test_the_scan_sees_a_real_arrow(tmp_path: Path) -> None:
         "fedsync.simulations.seeds.x",
     ]
     assert arrows_into(tmp_path, ABOVE_THE_LIBRARY)
+
+
+def test_each_strategy_file_is_one_registered_class() -> None:
+    """A strategy is its file: the package imports every module, the class registers
+    itself by subclassing (docs/architecture.md, "Adding a strategy")."""
+    import fedsync.strategies as package
+    from fedsync.strategies.base import STRATEGIES
+
+    helpers = {"__init__", "base", "arguments"}
+    modules = sorted(p.stem for p in Path(package.__file__).parent.glob("*.py"))
+    by_module = {cls.__module__.rsplit(".", 1)[1]: cls for cls in STRATEGIES.values()}
+    assert sorted(by_module) == [m for m in modules if m not in helpers]
+    assert len(by_module) == len(STRATEGIES)
+
+
+def test_each_sparsifier_file_registers_its_stage() -> None:
+    """A sparsifier is its file: the package imports every module, ``@register()`` adds
+    its config (docs/architecture.md, "Adding a sparsifier")."""
+    import fedsync.compression.sparsifiers as package
+    from fedsync.compression.registry import REGISTRY
+
+    modules = sorted(p.stem for p in Path(package.__file__).parent.glob("*.py"))
+    registered = {
+        REGISTRY.find(name, "sparsifier").__module__.rsplit(".", 1)[1]  # type: ignore[union-attr]
+        for name in REGISTRY.names("sparsifier")
+    }
+    assert registered == {m for m in modules if m != "__init__"}

@@ -178,7 +178,7 @@ def test_unknown_keys_are_named_with_the_closest_one() -> None:
 
 
 def _strategy(name: str, **values: Any) -> Strategy:
-    return STRATEGIES[name](RunConfig.of(strategy=name, **values).asynchronous)
+    return Strategy.from_run_config(RunConfig.of(strategy=name, **values))
 
 
 def test_strategies() -> None:

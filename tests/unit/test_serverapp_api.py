@@ -3,6 +3,7 @@ installed fedsync next to a user's own ``server.py``, ``clients/``, ``kernels.py
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,8 @@ from fedsync.aggregation.server_optimizer import ServerSGD
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunFailedError
-from fedsync.serverapp import TEASQ, AsyncStrategy, FedAsync, FedBuff, Result
+import fedsync.serverapp
+from fedsync.serverapp import STRATEGIES, TEASQ, FedAsync, FedAsyncMix, FedBuff, Result, Strategy
 from tests.unit.test_async_run import (
     NODES,
     FakeClients,
@@ -36,7 +38,7 @@ def flower_evaluate(calls: list[int]):  # type: ignore[no-untyped-def]
     return evaluate
 
 
-def start(strategy: AsyncStrategy, **kwargs: object) -> tuple[Result, FakeClients]:
+def start(strategy: Strategy, **kwargs: object) -> tuple[Result, FakeClients]:
     clients = FakeClients(real=True)
     grid = FakeGrid(NODES, clients, seed=1)
     result = strategy.start(
@@ -98,14 +100,22 @@ def test_objects_stand_in_for_strings() -> None:
     assert result.run_summary is not None
     assert result.summary["policy"]["staleness"] == "custom:half_life"
     # A StalenessFunction object is taken as is.
-    assert TEASQ(staleness=parse_staleness("hinge:10:4")).staleness_function is not None
+    function = parse_staleness("hinge:10:4")
+    assert TEASQ(staleness=function).staleness is function
 
 
 def test_settings_are_checked_and_named() -> None:
-    with pytest.raises(SettingsError, match="did you mean 'buffer-size'"):
+    """Errors name the Python argument, in snake_case, when the object is made."""
+    with pytest.raises(SettingsError, match="unknown argument 'buffer_sise'; did you mean 'buffer_size'"):
         TEASQ(buffer_sise=2)  # type: ignore[arg-type]
-    with pytest.raises(SettingsError, match="concurrency"):
+    with pytest.raises(SettingsError, match=r"TEASQ\(concurrency=\.\.\.\) must be >= 1"):
         TEASQ(concurrency=0)
+    with pytest.raises(SettingsError, match=r"FedBuff\(max_update_norm=\.\.\.\)"):
+        FedBuff(max_update_norm=-1.0)
+    with pytest.raises(SettingsError, match=r"unknown stage 'unifrom'.*did you mean 'uniform'"):
+        TEASQ(uplink_codec="topk:{density}+unifrom:{bits}+ef")
+    with pytest.raises(SettingsError, match=r"downlink_codec=.*did you mean 'fp16'"):
+        TEASQ(downlink_codec="none+fp61")
     with pytest.raises(SettingsError, match="pick another class"):
         TEASQ(strategy="fedbuff")  # type: ignore[arg-type]
     with pytest.raises(SettingsError, match="fedsync's own"):
@@ -114,9 +124,46 @@ def test_settings_are_checked_and_named() -> None:
 
 def test_from_run_config_picks_the_class() -> None:
     config = RunConfig.of(strategy="fedbuff", buffer_size=4)
-    strategy = AsyncStrategy.from_run_config(config)
+    strategy = Strategy.from_run_config(config)
     assert isinstance(strategy, FedBuff) and strategy.config is config
+    assert strategy.buffer_size == 4 and strategy.mean == "count"
     assert TEASQ().config.clock.clock == "wall"  # a library run is real time
+    with pytest.raises(ValueError, match="not 'teasq'"):
+        TEASQ.from_run_config(config)
+
+
+def test_one_class_per_strategy_registered_by_subclassing() -> None:
+    """Every strategy is one public class; a subclass with a name registers itself."""
+    assert {name: cls.__name__ for name, cls in STRATEGIES.items()} == {
+        "teasq": "TEASQ",
+        "fedbuff": "FedBuff",
+        "fedasync": "FedAsync",
+        "fedasync-mix": "FedAsyncMix",
+        "diloco": "DiLoCo",
+    }
+    for cls in STRATEGIES.values():
+        assert cls.__module__ == f"fedsync.strategies.{cls.name.replace('-', '_')}"
+        assert getattr(fedsync.serverapp, cls.__name__) is cls
+    with pytest.raises(TypeError, match="use TEASQ"):
+        Strategy()
+    with pytest.raises(TypeError, match="already"):
+        type("Again", (TEASQ,), {"name": "teasq"})
+    mix = FedAsyncMix(alpha=0.25)
+    assert mix.needs_start_model and mix.alpha == 0.25 and mix.buffer_size == 1
+
+
+def test_results_dir_in_the_constructor_is_used(tmp_path: Path) -> None:
+    """``TEASQ(results_dir=...)`` writes there, as ``start(results_dir=...)`` does; the
+    summary lists only what the run used and names its clock."""
+    strategy = TEASQ(results_dir=tmp_path / "reports")
+    result, _ = start(strategy, max_aggregations=2, run_name="mine")
+    assert result.folder == (tmp_path / "reports" / "mine").resolve()
+    summary = json.loads((result.folder / "summary.json").read_text())
+    assert summary["clock"]["clock"] == "wall"
+    assert not {"dataset", "model", "partitioning", "num-rounds"} & set(summary["config"])
+    assert summary["config"]["buffer-size"] == 3
+    events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]
+    assert events and all("event" in event and "wall_time" in event for event in events)
 
 
 def test_a_users_own_top_level_modules_do_not_break_fedsync(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from fedsync.compression import SpecError, parse_spec
 from fedsync.compression.config import BuildContext
 from fedsync.compression.sparsifiers.chunked import block_shape
 from fedsync.config import RunConfig, SettingsError
-from fedsync.strategies import STRATEGIES
+from fedsync.strategies import Strategy
 from fedsync.updates import SparseTensor, TensorSpec, densify
 
 
@@ -147,9 +147,9 @@ def test_a_sparseloco_round_is_the_selector_mean_of_what_the_sites_sent() -> Non
 def test_buffer_mean_overrides_the_strategys_and_is_checked() -> None:
     settings: dict[str, Any] = {"strategy": "diloco", "buffer-mean": "selected"}
     config = RunConfig.from_run_config(settings)
-    strategy = STRATEGIES[config.strategy](config.asynchronous)
+    strategy = Strategy.from_run_config(config)
     assert strategy.mean == "selected" and strategy.describe()["normalization"] == "selected"
     plain = RunConfig.from_run_config({"strategy": "teasq"})
-    assert STRATEGIES[plain.strategy](plain.asynchronous).mean == "weight"
+    assert Strategy.from_run_config(plain).mean == "weight"
     with pytest.raises(SettingsError, match="buffer-mean"):
         RunConfig.from_run_config({"buffer-mean": "median"})

@@ -1,4 +1,12 @@
-"""Sparsifiers: which entries of a tensor travel (one module per method)."""
+"""Sparsifiers: which entries of a tensor travel (one module per method).
+
+Every module of this folder is imported here, so a new sparsifier is its file alone: a
+config registered with ``@register()`` and the component it builds (docs/architecture.md,
+"Adding a sparsifier").
+"""
+
+import importlib
+import pkgutil
 
 from fedsync.compression.sparsifiers.chunked import ChunkTopK, ChunkTopKConfig
 from fedsync.compression.sparsifiers.dct import DCTConfig, DCTTopK
@@ -9,6 +17,9 @@ from fedsync.compression.sparsifiers.powersgd import PowerSGD, PowerSGDConfig
 from fedsync.compression.sparsifiers.randomk import RandomK, RandomKConfig
 from fedsync.compression.sparsifiers.sidco import SIDCo, SIDCoConfig
 from fedsync.compression.sparsifiers.topk import TopK, TopKConfig
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "DGC",
