@@ -426,7 +426,9 @@ class UpdateCodec:
             raise ValueError(
                 "the update's tensors (names, shapes, dtypes) are not the codec's specs="
             )
-        payload = encode_frame(self._spec, tensors, schema=self._schema)
+        # A rotating codec's frame carries its seed even with no tensors to carry it.
+        frame_seed = self._pipeline.frame_seed(call_seed)
+        payload = encode_frame(self._spec, tensors, schema=self._schema, seed=frame_seed)
         self.state.step += 1
         totals = self._stats.stats
         self._stats.stats = CompressionStats(
@@ -469,6 +471,12 @@ class UpdateCodec:
             self._decoders.popitem(last=False)
         return pipeline
 
+    def _check_header(self, codec: str, seed: int | None) -> None:
+        """The frame-level rules of a frame's codec, on its header: the codec is one
+        this receiver can build, and its frames carry a seed exactly when it rotates
+        (whatever the tensor count)."""
+        self._decoder(codec).check_frame_seed(seed)
+
     def decode(
         self,
         payload: bytes | bytearray | memoryview | np.ndarray,
@@ -478,6 +486,11 @@ class UpdateCodec:
         own_spec_only: bool = False,
     ) -> SparseUpdate:
         """Validate and decode a frame into a sparse update (never densified).
+
+        The codec description and the frame seed are checked on the header, before
+        the schema and the table: :class:`UnknownCodec` for a codec this receiver
+        cannot build, :class:`CodecMismatch` for a rotating codec's frame without a
+        seed or a seed in another codec's frame, with or without tensors.
 
         Parameters
         ----------
@@ -514,6 +527,7 @@ class UpdateCodec:
                 limits=self.limits,
                 expected=expected,
                 expected_codec=self._spec if own_spec_only else None,
+                check_header=self._check_header,
             )
         except SchemaMismatch as exc:
             raise UpdateMismatch(

@@ -158,10 +158,9 @@ class Pipeline:
         values = kept.values
         if values.numel() and not backend_for(values).all_finite(values):
             raise NonFiniteInputError(f"tensor {spec.name!r} holds NaN or Inf")
-        frame_seed = None
+        frame_seed = self.frame_seed(seed)
         if self.rotation is not None:
-            # One seed per call, not per tensor: the frame carries it once.
-            frame_seed = derive_seed(seed, "rotation")
+            assert frame_seed is not None
             values = self.rotation.rotate(spec.name, values, frame_seed)
             if values.numel() and not backend_for(values).all_finite(values):
                 raise NonFiniteInputError(f"tensor {spec.name!r} overflows float32 when rotated")
@@ -178,6 +177,12 @@ class Pipeline:
         positions = None if isinstance(self.sparsifier, TransformSparsifier) else kept.positions
         tensor = CompressedTensor(spec, kept.mode, indices, q, seed=frame_seed)
         return Compressed(tensor, positions, x.device)
+
+    def frame_seed(self, seed: int) -> int | None:
+        """The frame seed of a call with ``seed``: derived from it when this pipeline
+        rotates (one per call, not per tensor: the frame carries it once, with or
+        without tensors), else ``None``."""
+        return derive_seed(seed, "rotation") if self.rotation is not None else None
 
     def sent(self, compressed: Compressed) -> torch.Tensor:
         """What the receiver decodes from ``compressed`` (same function it runs); for a
@@ -220,7 +225,7 @@ class Pipeline:
         """
         spec = tensor.spec
         label = repr(spec.name)
-        self._check_seed(tensor, label)
+        self.check_frame_seed(tensor.seed, label)
         mode = self.sparsifier.index_mode(spec)
         if tensor.index_mode != mode:
             raise CodecMismatch(
@@ -336,16 +341,26 @@ class Pipeline:
                 )
         return LowRankTensor(spec, p, q)
 
-    def _check_seed(self, tensor: CompressedTensor, label: str) -> None:
-        """A frame seed exactly when this pipeline rotates (checked before anything is
-        allocated for the tensor)."""
-        if (tensor.seed is None) != (self.rotation is None):
+    def check_frame_seed(self, seed: int | None, tensor: str | None = None) -> None:
+        """A frame seed exactly when this pipeline rotates.
+
+        :meth:`fedsync.codec.UpdateCodec.decode` checks it once per frame, on its
+        header (so it holds for a frame of no tensors); :meth:`decompress` again per
+        tensor, before anything is allocated for it.
+
+        Raises
+        ------
+        CodecMismatch
+            A rotating pipeline's frame without a seed, or a seed for one that does
+            not rotate (``tensor``, when given, names the tensor).
+        """
+        if (seed is None) != (self.rotation is None):
             raise CodecMismatch(
                 "a rotation needs the frame seed, and only a rotation uses one",
                 field="seed",
-                tensor=label,
+                tensor=tensor,
                 expected="a frame seed" if self.rotation is not None else "none",
-                got="none" if tensor.seed is None else "a frame seed",
+                got="none" if seed is None else "a frame seed",
             )
 
     def _unrotate(self, tensor: CompressedTensor, values: torch.Tensor, label: str) -> torch.Tensor:

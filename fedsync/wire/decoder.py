@@ -2,10 +2,12 @@
 
 Order of checks: the payload size against the limits, magic, version, declared
 length, CRC-32, flags; then the codec description (against the one the receiver
-expects, when it names one) and the frame seed, if the flags say one follows; then the
+expects, when it names one) and the frame seed, if the flags say one follows (both
+then go to the receiver's ``check_header``, if it gave one); then the
 schema (the digest against the receiver's specs, or the tensor table, each count
 against the limits); then the format table and every tensor entry, field by field,
-each count against the limits and the tensor's shape; then that the data part has
+each count against the limits and the tensor's shape (a context-coded section's
+length, too, against the elements it would step through); then that the data part has
 exactly the bytes the table implies. Only then are sections decoded, by kernels whose
 every read and write the table checks have already put in range. Any fault raises a
 :class:`~fedsync.wire.PayloadError` subclass naming it. The byte layout is
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +52,7 @@ from fedsync.wire.index_coding import (
     CODINGS_WITH_PARAM,
     CONTEXT_MAX_NUMEL,
     CONTEXT_MIN_BYTES,
+    context_min_nbytes,
     decode_indices,
     ef_nbytes,
     max_param,
@@ -381,6 +384,22 @@ def _read_entry(
     return entry
 
 
+def _check_context_work(entry: _Entry, limits: FrameLimits) -> None:
+    """A context section steps through every element of its tensor: it must have a
+    byte per ``max_context_numel_per_byte`` of them, so the work follows the bytes the
+    frame carries (the data part's size is checked against the table next)."""
+    least = context_min_nbytes(entry.spec.numel, limits.max_context_numel_per_byte)
+    if least is None or entry.index_nbytes < least:
+        raise LimitExceeded(
+            "context section too short for its tensor's elements "
+            "(FrameLimits.max_context_numel_per_byte)",
+            field="index bytes",
+            tensor=entry.label,
+            expected="no context section" if least is None else f">= {least}",
+            got=f"{entry.index_nbytes} for {entry.spec.numel} elements",
+        )
+
+
 def _implied_nbytes(entry: _Entry) -> int:
     """Section size of a coding whose length is not carried (checked parameter first)."""
     if entry.coding == "bitmap":
@@ -621,6 +640,7 @@ def _parse_table(
     limits: FrameLimits,
     expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
     expected_codec: str | None = None,
+    check_header: Callable[[str, int | None], None] | None = None,
 ) -> _Table:
     """Check the envelope, the codec, the seed, the schema and the whole table."""
     view = _as_view(payload)
@@ -635,6 +655,8 @@ def _parse_table(
             got=repr(codec),
         )
     seed = reader.u64("seed") if flags & FLAG_SEED else None
+    if check_header is not None:
+        check_header(codec, seed)
     want = as_spec_list(expected) if expected is not None else None
     specs = _read_schema(reader, bool(flags & FLAG_TABLE), want, limits)
     formats = _read_formats(reader, len(specs), limits)
@@ -646,6 +668,7 @@ def _parse_table(
         entry = _read_entry(reader, position, spec, formats, limits)
         total_values += entry.count
         if entry.coding == "context":
+            _check_context_work(entry, limits)
             context_numel += spec.numel
             if context_numel > limits.max_context_numel:
                 raise LimitExceeded(
@@ -689,6 +712,7 @@ def decode_frame(
     limits: FrameLimits = DEFAULT_LIMITS,
     expected: Mapping[str, TensorSpec] | Sequence[TensorSpec] | None = None,
     expected_codec: str | None = None,
+    check_header: Callable[[str, int | None], None] | None = None,
 ) -> tuple[str, list[CompressedTensor]]:
     """Decode and validate a frame.
 
@@ -708,6 +732,13 @@ def decode_frame(
         The codec description the frame must carry, exactly; another raises
         :class:`~fedsync.wire.UnexpectedCodec` as soon as it is read (after the
         envelope, before the schema and the table). Default: any.
+    check_header : callable, optional
+        Called with the codec description and the frame seed (``None`` when the frame
+        has none) as soon as both are read, after ``expected_codec``'s check and
+        before the schema, the table or any tensor; what it raises propagates. A
+        codec uses it for the rules the wire leaves to it, such as whether its
+        frames carry a seed (:meth:`fedsync.codec.UpdateCodec.decode`), which then
+        hold for a frame of no tensors too.
 
     Returns
     -------
@@ -723,9 +754,9 @@ def decode_frame(
     PayloadError
         A subclass naming the fault, its field, tensor and expected vs found value,
         for any payload that is not a valid frame within ``limits``. Nothing else
-        escapes for bad bytes.
+        escapes for bad bytes (but whatever ``check_header`` raises).
     """
-    table = _parse_table(payload, limits, expected, expected_codec)
+    table = _parse_table(payload, limits, expected, expected_codec, check_header)
     return table.codec, [_decode_data(table.reader, e, table.seed) for e in table.entries]
 
 

@@ -245,13 +245,19 @@ def _write_formats(
     return index, fixed
 
 
-def _frame_seed(tensors: Sequence[CompressedTensor], labels: Sequence[str]) -> int | None:
-    """The seed every tensor carries (the frame stores it once), or ``None``."""
-    seed = tensors[0].seed if tensors else None
+def _frame_seed(
+    tensors: Sequence[CompressedTensor], labels: Sequence[str], given: int | None
+) -> int | None:
+    """The seed every tensor carries (the frame stores it once), or ``None``; the
+    ``given`` one when there is one (every tensor must carry it)."""
+    seed: int | None = given
+    whose = "the frame's"
+    if given is None:
+        seed, whose = (tensors[0].seed if tensors else None), "the first tensor's"
     for label, tensor in zip(labels, tensors, strict=True):
         if tensor.seed != seed:
             raise ValueError(
-                f"{label}: frame seed {tensor.seed!r} differs from the first tensor's "
+                f"{label}: frame seed {tensor.seed!r} differs from {whose} "
                 f"{seed!r}; the tensors of a frame carry one seed, or none"
             )
     if seed is not None and (not isinstance(seed, int | np.integer) or not 0 <= seed < 1 << 64):
@@ -265,6 +271,7 @@ def encode_frame(
     *,
     index_coding: str | None = None,
     schema: str = "table",
+    seed: int | None = None,
 ) -> bytes:
     """Encode a codec description and compressed tensors into one frame.
 
@@ -287,6 +294,10 @@ def encode_frame(
         :func:`~fedsync.wire.schema.schema_digest` of them, for a receiver that knows
         the model (it decodes with ``expected=``); the tensors then travel sorted by
         name.
+    seed : int, optional
+        The frame seed, written even when no tensor carries it: a rotating codec's
+        frame has one whatever its tensor count (a frame of no tensors included), and
+        every tensor must then carry this one. Default: the tensors' seed.
 
     Returns
     -------
@@ -301,8 +312,8 @@ def encode_frame(
         If a tensor breaks its contract (unknown dtype or scheme, bits outside
         1..32, a code wider than ``bits``, indices unsorted or out of range,
         counts that disagree with the index mode, duplicate names, a frame seed
-        that is not every tensor's) or ``schema`` is unknown; the message names the
-        tensor.
+        that is not every tensor's or ``seed``'s) or ``schema`` is unknown; the
+        message names the tensor.
     """
     if not isinstance(codec, str):
         raise ValueError(f"codec must be a str, got {type(codec).__name__}")
@@ -316,7 +327,7 @@ def encode_frame(
         if tensor.spec.name in seen:
             raise ValueError(f"{label}: duplicate tensor name")
         seen.add(tensor.spec.name)
-    seed = _frame_seed(tensors, labels)
+    frame_seed = _frame_seed(tensors, labels, seed)
     for label, entry in zip(labels, stage_tensors(tensors, labels), strict=True):
         tensor = entry.tensor
         numel = math.prod(int(d) for d in tensor.spec.shape)
@@ -329,8 +340,8 @@ def encode_frame(
 
     table, data = Writer(), Writer()
     table.text(codec)
-    if seed is not None:
-        table.raw(SEED.pack(seed))
+    if frame_seed is not None:
+        table.raw(SEED.pack(frame_seed))
     _write_schema(table, prepared, schema)
     formats, fixed = _write_formats(table, prepared)
     for p in prepared:
@@ -353,7 +364,9 @@ def encode_frame(
         data.raw(p.section)
         data.raw(p.packed.data)
 
-    flags = (FLAG_TABLE if schema == "table" else 0) | (FLAG_SEED if seed is not None else 0)
+    flags = FLAG_TABLE if schema == "table" else 0
+    if frame_seed is not None:
+        flags |= FLAG_SEED
     length = HEADER_BYTES + table.size + data.size + TRAILER_BYTES
     header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, length)
     crc = zlib.crc32(header)

@@ -22,7 +22,9 @@ updates. It costs a step per element rather than per position, so the encoder tr
 it only on tensors of at most :data:`CONTEXT_MAX_NUMEL` elements whose support an
 ``O(count)`` test finds clustered (:data:`CONTEXT_MIN_GAIN`), and the decoder
 bounds the elements it will step through per frame
-(:attr:`~fedsync.wire.FrameLimits.max_context_numel`).
+(:attr:`~fedsync.wire.FrameLimits.max_context_numel`) and per byte of section
+(:attr:`~fedsync.wire.FrameLimits.max_context_numel_per_byte`: the encoder keeps a
+context section only if it has at least :func:`context_min_nbytes` bytes).
 
 Elias-Fano's ``L`` is the exact minimiser of its closed-form size. Rice's ``k``
 starts from the density (``log2(ln 2 * mean gap)``, the optimum for geometric gaps)
@@ -56,6 +58,7 @@ from fedsync.wire.errors import (
     TruncatedPayload,
     UnorderedIndices,
 )
+from fedsync.wire.limits import DEFAULT_LIMITS
 from fedsync.wire.registry import INDEX_CODINGS
 
 __all__ = [
@@ -67,6 +70,7 @@ __all__ = [
     "IndexPlan",
     "as_index_array",
     "choose_index_coding",
+    "context_min_nbytes",
     "decode_indices",
     "ef_nbytes",
     "encode_indices",
@@ -255,15 +259,43 @@ def _looks_clustered(indices: np.ndarray, numel: int, width: int, best_bits: int
     return estimate <= CONTEXT_MIN_GAIN * best_bits
 
 
+def context_min_nbytes(
+    numel: int, per_byte: int = DEFAULT_LIMITS.max_context_numel_per_byte
+) -> int | None:
+    """Shortest context section a tensor of ``numel`` elements may have.
+
+    Parameters
+    ----------
+    numel : int
+        Elements of the tensor.
+    per_byte : int
+        Most elements a section may cover per byte
+        (:attr:`~fedsync.wire.FrameLimits.max_context_numel_per_byte`).
+
+    Returns
+    -------
+    int or None
+        ``max(CONTEXT_MIN_BYTES, ceil(numel / per_byte))``; ``None`` when ``per_byte``
+        is 0 (no context section is allowed).
+    """
+    if per_byte <= 0:
+        return None
+    return max(CONTEXT_MIN_BYTES, -(-numel // per_byte))
+
+
 def _context_plan(
     indices: np.ndarray, numel: int, shape: tuple[int, ...] | None, budget: int
 ) -> IndexPlan | None:
-    """The context-coded section if it fits ``budget`` bytes, else ``None``."""
+    """The context-coded section if it fits ``budget`` bytes and has the bytes the
+    decoder asks of it (:func:`context_min_nbytes`), else ``None``."""
+    least = context_min_nbytes(numel)
+    if least is None or budget < least:
+        return None  # no section the decoder would accept fits: skip the O(numel) coder
     rows, width = grid(shape, numel)
-    out = np.zeros(max(budget, 0), dtype=np.uint8)
+    out = np.zeros(budget, dtype=np.uint8)
     nbytes = int(ctx_kern.context_encode(indices, rows, width, out))
-    if nbytes < 0:
-        return None
+    if nbytes < least:
+        return None  # did not fit (-1), or too short for its elements
     return IndexPlan("context", 0, nbytes, out[:nbytes].tobytes())
 
 
@@ -282,6 +314,8 @@ def index_candidates(
     :data:`CONTEXT_MAX_NUMEL` elements with at least one position): ``"auto"``
     where the support looks clustered and only if smaller than the others,
     ``"always"``, or ``"never"``. ``shape`` gives it its rows (one row if absent).
+    A section shorter than :func:`context_min_nbytes` is left out: the decoder
+    would refuse it.
     """
     count = indices.shape[0]
     plans = []
@@ -320,8 +354,9 @@ def choose_index_coding(
     ------
     ValueError
         If ``coding`` names an unknown coding or one that cannot carry the set
-        (``dense`` needs every position; ``context`` at least one and at most
-        :data:`CONTEXT_MAX_NUMEL` elements).
+        (``dense`` needs every position; ``context`` at least one, at most
+        :data:`CONTEXT_MAX_NUMEL` elements and a section of at least
+        :func:`context_min_nbytes`).
     """
     if coding is not None and coding not in INDEX_CODINGS:
         raise ValueError(f"unknown index coding {coding!r}; expected one of {INDEX_CODINGS}")
@@ -337,8 +372,9 @@ def choose_index_coding(
             return plan
     raise ValueError(
         f"index coding {coding!r} cannot carry {indices.shape[0]} of {numel} positions "
-        "(dense needs all of them, context at least one and a tensor of at most "
-        f"{CONTEXT_MAX_NUMEL} elements)"
+        "(dense needs all of them, context at least one, a tensor of at most "
+        f"{CONTEXT_MAX_NUMEL} elements and a section of at least one byte per "
+        f"{DEFAULT_LIMITS.max_context_numel_per_byte} elements)"
     )
 
 

@@ -60,7 +60,9 @@ The frame seed (added within version 2; frames without ``FLAG_SEED`` are byte fo
 what they were, and a decoder from before the flag rejects a seeded frame as a
 reserved flag bit) is 8 bytes per frame whatever the tensor count: the rotation's
 signs are a hash of it, the tensor's name and the position, never sent. The codec
-description says whether a frame must have one; the codec, not the wire, checks that.
+description says whether a frame must have one, whatever its tensor count (a rotating
+codec's frame of no tensors too); the codec, not the wire, checks that, on the header
+(:func:`~fedsync.wire.decode_frame`'s ``check_header``).
 
 Every size in the data part follows from the table, so the decoder checks the
 whole table and that the data part has exactly the bytes it implies *before* it

@@ -23,7 +23,9 @@ class FrameLimits:
     positions from the frame's shape (``mask:<density>``) draws them in at most 32
     bytes per value, never in proportion to the declared element count. A
     context-coded index section (:mod:`fedsync.kernels.context_coding`) costs three bytes per
-    element of its tensor's widest row, at most ``2**24`` elements per tensor.
+    element of its tensor's widest row, at most ``2**24`` elements per tensor. Its work,
+    a step per element, is bounded by the bytes the frame carries
+    (``max_context_numel_per_byte``) as well as in all (``max_context_numel``).
 
     Parameters
     ----------
@@ -46,7 +48,17 @@ class FrameLimits:
     max_context_numel : int
         Most elements, summed over a frame's context-coded index sections. Their
         decoding costs a step per element (not per byte of the frame), so this
-        bounds the work a small frame can ask for; encoders stay within the default.
+        bounds the work a frame can ask for; encoders stay within the default.
+    max_context_numel_per_byte : int
+        Most elements a context-coded index section may cover per byte it has: a
+        tensor of ``numel`` elements needs a section of at least
+        ``ceil(numel / max_context_numel_per_byte)`` bytes (0 refuses the coding). The
+        table declares each section's length and the decoder checks that the frame
+        holds exactly those bytes before it decodes any, so a frame's context work is
+        at most this many steps per byte of it: a small frame cannot declare large
+        context-coded tensors. Real supports stay far below the default (the context
+        coder's densest real section, top-k 0.1 % on the Fashion-MNIST CNN, covers
+        about 900 elements per byte); the encoder codes a sparser one otherwise.
     """
 
     max_payload_bytes: int = 1 << 30
@@ -58,6 +70,7 @@ class FrameLimits:
     max_ndim: int = 32
     max_params: int = 64
     max_context_numel: int = 1 << 26
+    max_context_numel_per_byte: int = 4096
 
     def __post_init__(self) -> None:
         for name in (
@@ -70,6 +83,7 @@ class FrameLimits:
             "max_ndim",
             "max_params",
             "max_context_numel",
+            "max_context_numel_per_byte",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:

@@ -8,8 +8,9 @@
 * through the codec, on heavy-tailed tensors: ``none+rht+uniform:b`` against
   ``none+uniform:b``, the same payload bytes plus the seed and the longer codec name;
   error feedback with the rotation tracks the sum of the inputs;
-* bad frames and inputs: a missing or unexpected frame seed, an absurd block, values
-  that overflow when rotated or unrotated: only typed errors.
+* bad frames and inputs: a missing or unexpected frame seed (a frame of no tensors
+  too), an absurd block, values that overflow when rotated or unrotated: only typed
+  errors.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from fedsync.compression.rotations.hadamard import (
 )
 from fedsync.compression.seeding import derive_seed
 from fedsync.wire import PayloadError, decode_frame, encode_frame, inspect_frame
+from fedsync.wire.layout import FLAG_SEED
+from fedsync.wire.testing import FrameBuilder
 
 
 def _hadamard(n: int) -> np.ndarray:
@@ -393,6 +396,30 @@ def test_a_seed_without_a_rotation_is_refused() -> None:
     seeded = encode_frame(codec, [replace(t, seed=7) for t in tensors])
     with pytest.raises(CodecMismatch, match="expected none, got a frame seed"):
         UpdateCodec().decode(seeded)
+
+
+@pytest.mark.parametrize("spec", ["none+rht+uniform:4", "none+rht+fp32"])
+def test_the_seed_rule_holds_for_a_frame_of_no_tensors(spec: str) -> None:
+    # The sender writes a rotating codec's seed with no tensor to carry it; the
+    # receiver checks the rule once per frame, on the header, not per tensor.
+    payload = UpdateCodec(spec, seed=1).encode({})
+    assert payload[5] & FLAG_SEED
+    assert UpdateCodec().decode(payload) == {}
+    assert UpdateCodec(spec).decode(payload, own_spec_only=True) == {}
+    stripped = FrameBuilder(codec=UpdateCodec(spec).spec).build()
+    with pytest.raises(CodecMismatch, match="expected a frame seed, got none"):
+        UpdateCodec().decode(stripped)
+    # Before the schema: a digest-only frame is refused on its header, not for
+    # the specs it would need.
+    digest_only = FrameBuilder(codec=UpdateCodec(spec).spec, digest=bytes(8)).build()
+    with pytest.raises(CodecMismatch, match="field 'seed'"):
+        UpdateCodec().decode(digest_only)
+    # And the other way: a seed in a frame of a codec that does not rotate.
+    seeded = FrameBuilder(codec="none+fp32", seed=5).build()
+    with pytest.raises(CodecMismatch, match="expected none, got a frame seed"):
+        UpdateCodec().decode(seeded)
+    # A codec that does not rotate writes what it always wrote.
+    assert UpdateCodec("none+fp32").encode({}) == encode_frame("none+fp32", [])
 
 
 @pytest.mark.parametrize("block", ["3", "131072", "0", str(2**63), "9" * 40, "-4"])

@@ -1,7 +1,12 @@
 """The context-coded bitmap: round trips, when the encoder picks it, and every way a
-section can lie (decoding past its end, bytes left over, counts that disagree)."""
+section can lie (decoding past its end, bytes left over, counts that disagree, more
+elements than its bytes may cover)."""
 
 from __future__ import annotations
+
+import functools
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ from hypothesis import strategies as st
 from fedsync.kernels.context_coding import context_decode, context_encode
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import (
+    DEFAULT_LIMITS,
     CountMismatch,
     FrameLimits,
     LimitExceeded,
@@ -19,10 +25,12 @@ from fedsync.wire import (
     decode_frame,
     encode_frame,
     index_bits_for,
+    inspect_frame,
 )
 from fedsync.wire.index_coding import (
     CONTEXT_MAX_NUMEL,
     choose_index_coding,
+    context_min_nbytes,
     decode_indices,
     encode_indices,
     index_candidates,
@@ -186,3 +194,102 @@ def test_frame_limit_on_context_coded_elements() -> None:
     decode_frame(payload)
     with pytest.raises(LimitExceeded, match="max_context_numel"):
         decode_frame(payload, limits=FrameLimits(max_context_numel=int(np.prod(SHAPE)) - 1))
+
+
+def test_a_section_may_cover_only_so_many_elements_per_byte() -> None:
+    payload = encode_frame("c", [_tensor(SHAPE, INDICES)], index_coding="context")
+    (layout,) = inspect_frame(payload)[1]
+    numel, nbytes = int(np.prod(SHAPE)), layout.index_nbytes
+    assert numel > nbytes  # a clustered support: fewer bytes than elements
+    enough = -(-numel // nbytes)  # the tightest bound the section meets
+    decode_frame(payload, limits=FrameLimits(max_context_numel_per_byte=enough))
+    for per_byte in (enough - 1, 0):  # one element a byte less, and none at all
+        with pytest.raises(LimitExceeded, match="max_context_numel_per_byte") as info:
+            decode_frame(payload, limits=FrameLimits(max_context_numel_per_byte=per_byte))
+        assert info.value.field == "index bytes"
+    fits, short = context_min_nbytes(numel, enough), context_min_nbytes(numel, enough - 1)
+    assert fits is not None and short is not None
+    assert fits <= nbytes < short
+    assert context_min_nbytes(numel, 0) is None
+    assert context_min_nbytes(1, 4096) == 4  # never below the coder's start
+
+
+BIG = (4096, 4096)
+BIG_KEPT = np.arange(0, 3600, 2, dtype=np.int64)  # 1,800 positions, all in row 0
+
+
+@functools.cache
+def _big_section() -> bytes:
+    """A valid section for ``BIG_KEPT`` in ``BIG``: 129 bytes for 2**24 elements."""
+    out = np.zeros(1 << 12, np.uint8)
+    nbytes = int(context_encode(BIG_KEPT, BIG[0], BIG[1], out))
+    assert 0 < nbytes < 256
+    return out[:nbytes].tobytes()
+
+
+def _big_frame() -> bytes:
+    """What the fuzz found: a 7.8 kB frame of four 4096 x 4096 context-coded tensors,
+    each with a valid section and 1,800 8-bit codes. It decodes, within every count
+    limit (``max_context_numel`` is exactly their 2**26 elements), in about 0.9 s of
+    CPU (1.8 s wall on a loaded 2-core machine): four times 2**24 coder steps."""
+    builder = FrameBuilder()
+    for i in range(4):
+        builder.add(
+            name=f"w{i}",
+            shape=BIG,
+            mode=0,
+            count=len(BIG_KEPT),
+            coding=5,
+            index=_big_section(),
+            scheme=4,
+            bits=8,
+            codes=bytes(len(BIG_KEPT)),
+        )
+    return builder.build()
+
+
+def test_a_small_frame_cannot_declare_large_context_coded_tensors() -> None:
+    payload = _big_frame()
+    assert len(payload) < 8_000
+    assert 4 * int(np.prod(BIG)) == DEFAULT_LIMITS.max_context_numel
+    # Well formed and within every other limit: only the work bound refuses it.
+    unbounded = FrameLimits(max_context_numel_per_byte=1 << 30)
+    assert len(inspect_frame(payload, limits=unbounded)[1]) == 4
+    tracemalloc.start()
+    try:
+        start = time.perf_counter()
+        with pytest.raises(LimitExceeded, match="max_context_numel_per_byte") as info:
+            decode_frame(payload)
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.tensor == "#0 'w0'"
+    per_byte = DEFAULT_LIMITS.max_context_numel_per_byte
+    assert info.value.expected == f">= {int(np.prod(BIG)) // per_byte}"
+    # Refused on the table, before any section is decoded: a fraction of a
+    # millisecond when measured (under load), nothing allocated beyond the frame.
+    assert elapsed < 0.2, elapsed
+    assert peak < 1 << 20, peak
+
+
+def test_the_encoder_writes_no_section_the_decoder_refuses() -> None:
+    # 854 positions in the first two rows of 1024 x 1024: the context coder would need
+    # fewer bytes than one per max_context_numel_per_byte elements, so the encoder
+    # codes them another way (and refuses the context coding when it is forced).
+    shape = (1024, 1024)
+    numel = int(np.prod(shape))
+    kept = np.concatenate([np.arange(0, 1024, 2), np.arange(1024, 2048, 3)]).astype(np.int64)
+    plan = choose_index_coding(kept, numel, shape=shape)
+    assert plan.coding != "context"
+    assert "context" not in index_bits_for(kept, numel, shape=shape)
+    with pytest.raises(ValueError, match="cannot carry"):
+        choose_index_coding(kept, numel, coding="context", shape=shape)
+    (tensor,) = decode_frame(encode_frame("c", [_tensor(shape, kept)]))[1]
+    np.testing.assert_array_equal(tensor.indices, kept)
+    # Without the bound the coder would have won, with a section it cannot have.
+    out = np.zeros(1 << 12, np.uint8)
+    nbytes = int(context_encode(kept, shape[0], shape[1], out))
+    least = context_min_nbytes(numel)
+    assert least is not None
+    assert 0 < nbytes < min(least, plan.nbytes)

@@ -171,6 +171,8 @@ def test_limit_exceeded(frame: bytes, limits: FrameLimits, parts: list[str]) -> 
 def test_frame_limits_validate_themselves() -> None:
     with pytest.raises(ValueError, match="max_tensors must be a non-negative int"):
         FrameLimits(max_tensors=-1)
+    with pytest.raises(ValueError, match="max_context_numel_per_byte must be a non-negative"):
+        FrameLimits(max_context_numel_per_byte=-1)
     with pytest.raises(ValueError, match=r"max_numel must be at most"):
         FrameLimits(max_numel=1 << 60)
     with pytest.raises(ValueError, match="max_ndim must be at most 255"):

@@ -338,6 +338,24 @@ def test_frame_seed_must_be_one_valid_seed(seeds: tuple[int | None, ...], messag
     assert message in str(info.value)
 
 
+def test_a_given_frame_seed_travels_without_tensors_and_binds_every_tensor() -> None:
+    # A rotating codec's frame carries its seed even with no tensor to carry it.
+    payload = encode_frame("c", [], seed=0x0123456789ABCDEF)
+    assert payload == _sealed(
+        FLAG_TABLE | FLAG_SEED, b"\x01c" + bytes.fromhex("efcdab8967452301") + b"\x00\x00"
+    )
+    assert decode_frame(payload) == ("c", [])
+    assert encode_frame("c", []) == _sealed(FLAG_TABLE, b"\x01c\x00\x00")  # as before
+    # With tensors: the same bytes as their own seed gives, and it must be theirs.
+    seeded = [replace(t, seed=7) for t in _golden_tensors()]
+    assert encode_frame("topk", seeded, seed=7) == encode_frame("topk", seeded)
+    for tensors in (seeded, _golden_tensors()):
+        with pytest.raises(ValueError, match="differs from the frame's 8"):
+            encode_frame("topk", tensors, seed=8)
+    with pytest.raises(ValueError, match=r"must be an int in \[0, 2\*\*64\)"):
+        encode_frame("c", [], seed=1 << 64)
+
+
 # --------------------------------------------------------------------------------------
 # inspect_frame
 # --------------------------------------------------------------------------------------
