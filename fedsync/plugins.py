@@ -23,7 +23,8 @@ import difflib
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+import pkgutil
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "PluginPathError",
     "PluginSignatureError",
     "check_signature",
+    "import_submodules",
     "is_import_path",
     "load_callable",
     "load_object",
@@ -206,3 +208,11 @@ def _check_once(
     kwargs: tuple[tuple[str, Any], ...],
 ) -> None:
     check_signature(function, path, what, call, *args, **dict(kwargs))
+
+
+def import_submodules(package: str, path: Iterable[str]) -> None:
+    """Import every module of a package's folder (its ``__path__``), so that a new file
+    there registers what it defines (a strategy by subclassing, a codec stage by
+    ``@register()``) without a line elsewhere."""
+    for module in pkgutil.iter_modules(list(path)):
+        importlib.import_module(f"{package}.{module.name}")

@@ -7,9 +7,7 @@ baseline (:mod:`fedsync.serverapp.run_fedavg`). Your ServerApp imports the class
 strategy is its file alone (docs/architecture.md, "Adding a strategy").
 """
 
-import importlib
-import pkgutil
-
+from fedsync.plugins import import_submodules
 from fedsync.strategies.base import STRATEGIES, Arrival, Contribution, Strategy
 from fedsync.strategies.diloco import DiLoCo
 from fedsync.strategies.fedasync import FedAsync
@@ -17,8 +15,7 @@ from fedsync.strategies.fedasync_mix import FedAsyncMix
 from fedsync.strategies.fedbuff import FedBuff
 from fedsync.strategies.teasq import TEASQ
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "STRATEGIES",

@@ -1,4 +1,7 @@
-"""Quantizers: how kept values become fixed-width codes (one module per method)."""
+"""Quantizers: how kept values become fixed-width codes (one module per method).
+
+Every module of this folder is imported here: a new quantizer is its file alone.
+"""
 
 from fedsync.compression.quantizers.binmean import BinMean, BinMeanConfig
 from fedsync.compression.quantizers.floats import (
@@ -13,6 +16,9 @@ from fedsync.compression.quantizers.qsgd import QSGD, QSGDConfig
 from fedsync.compression.quantizers.sign import Sign, SignConfig
 from fedsync.compression.quantizers.ternary import Ternary, TernaryConfig
 from fedsync.compression.quantizers.uniform import Uniform, UniformConfig
+from fedsync.plugins import import_submodules
+
+import_submodules(__name__, __path__)
 
 __all__ = [
     "BF16",

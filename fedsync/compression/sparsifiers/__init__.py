@@ -5,9 +5,6 @@ config registered with ``@register()`` and the component it builds (docs/archite
 "Adding a sparsifier").
 """
 
-import importlib
-import pkgutil
-
 from fedsync.compression.sparsifiers.chunked import ChunkTopK, ChunkTopKConfig
 from fedsync.compression.sparsifiers.dct import DCTConfig, DCTTopK
 from fedsync.compression.sparsifiers.dense import Dense, DenseConfig
@@ -17,9 +14,9 @@ from fedsync.compression.sparsifiers.powersgd import PowerSGD, PowerSGDConfig
 from fedsync.compression.sparsifiers.randomk import RandomK, RandomKConfig
 from fedsync.compression.sparsifiers.sidco import SIDCo, SIDCoConfig
 from fedsync.compression.sparsifiers.topk import TopK, TopKConfig
+from fedsync.plugins import import_submodules
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_submodules(__name__, __path__)
 
 __all__ = [
     "DGC",
