@@ -29,13 +29,19 @@ class EventLog:
         self._file = path.open("a", encoding="utf-8")
         self._t0 = time.monotonic()
 
-    def write(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Append one event and return it as written."""
+    def write(self, kind: str, /, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it as written.
+
+        A field named like one every line carries (``event``, ``wall_time``: a user's
+        metric, merged into an evaluation line) is kept as ``<name>_`` and takes
+        nothing from the line.
+        """
         record: dict[str, Any] = {
             "event": kind,
             "wall_time": round(time.monotonic() - self._t0, 4),
-            **fields,
         }
+        for name, value in fields.items():
+            record[f"{name}_" if name in ("event", "wall_time") else name] = value
         self._file.write(json.dumps(record, sort_keys=False, default=_jsonable) + "\n")
         self._file.flush()
         return record

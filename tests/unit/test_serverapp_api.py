@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
+import fedsync.serverapp
 from fedsync.aggregation.server_optimizer import ServerSGD
 from fedsync.aggregation.staleness import parse_staleness
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunFailedError
-import fedsync.serverapp
 from fedsync.serverapp import STRATEGIES, TEASQ, FedAsync, FedAsyncMix, FedBuff, Result, Strategy
 from tests.unit.test_async_run import (
     NODES,
@@ -106,7 +106,9 @@ def test_objects_stand_in_for_strings() -> None:
 
 def test_settings_are_checked_and_named() -> None:
     """Errors name the Python argument, in snake_case, when the object is made."""
-    with pytest.raises(SettingsError, match="unknown argument 'buffer_sise'; did you mean 'buffer_size'"):
+    with pytest.raises(
+        SettingsError, match="unknown argument 'buffer_sise'; did you mean 'buffer_size'"
+    ):
         TEASQ(buffer_sise=2)  # type: ignore[arg-type]
     with pytest.raises(SettingsError, match=r"TEASQ\(concurrency=\.\.\.\) must be >= 1"):
         TEASQ(concurrency=0)
