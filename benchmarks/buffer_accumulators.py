@@ -36,7 +36,7 @@ import torch
 
 from fedsync.aggregation import validate_update
 from fedsync.aggregation.buffer import DENSE_ABOVE, Accumulator, UpdateBuffer
-from fedsync.progress import track
+from fedsync.reports.progress_bar import track
 from fedsync.updates import SparseTensor, TensorSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -83,7 +83,7 @@ import torch
 from fedsync.codec import UpdateCodec
 from fedsync.compression.base import target_count
 from fedsync.kernels.dispatch import TorchBackend, registered_backends
-from fedsync.progress import track
+from fedsync.reports.progress_bar import track
 from fedsync.updates import CompressedTensor, QuantizedValues, TensorSpec
 from fedsync.wire import decode_frame, encode_frame, index_bits_for
 from fedsync.wire.index_coding import choose_index_coding, decode_indices, encode_indices

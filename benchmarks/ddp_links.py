@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fedsync.progress import track
+from fedsync.reports.progress_bar import track
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]

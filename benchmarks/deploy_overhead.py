@@ -72,8 +72,8 @@ from fedsync.deploy import LocalDeployment
 from fedsync.deploy.processes import read_timestamped_log
 from fedsync.deploy.timing import parse_supernode_log
 from fedsync.deploy.warm import WarmLocalDeployment
-from fedsync.progress import track
 from fedsync.reports import read_events
+from fedsync.reports.progress_bar import track
 from fedsync.reports.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]

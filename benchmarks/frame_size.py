@@ -42,7 +42,7 @@ import torch
 from fedsync.codec import UpdateCodec, specs_of
 from fedsync.data.registry import load_dataset
 from fedsync.models import build_model, train
-from fedsync.progress import track
+from fedsync.reports.progress_bar import track
 from fedsync.updates import host_array
 from fedsync.wire import decode_frame, index_bits_for, inspect_frame
 

@@ -35,7 +35,7 @@ from fedsync.compression import PipelineConfig, build_pipeline
 from fedsync.compression.base import Sparsifier, target_count
 from fedsync.data import DatasetSplits, load_dataset
 from fedsync.models.registry import build_model
-from fedsync.progress import track
+from fedsync.reports.progress_bar import track
 
 RESULTS = Path(__file__).parent / "results" / "sidco-quality.json"
 METHODS = {

@@ -52,12 +52,12 @@ from fedsync.aggregation.downlink import (
 from fedsync.aggregation.guard import UpdateNormGuard, update_norm
 from fedsync.aggregation.local_steps import DynamicLocalSteps
 from fedsync.aggregation.placement import canonical_device, tensor_devices
-from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.pruning import PrunedModel
 from fedsync.aggregation.relay_downlink import RelayDownlink
 from fedsync.aggregation.schedule_clock import ScheduleClock
 from fedsync.aggregation.server_optimizer import ServerOptimizer, optimizer_from_hyperparameters
 from fedsync.aggregation.shared_downlink import SharedDownlink, grid_of
+from fedsync.aggregation.tally import RunTally
 from fedsync.config import RunConfig, SettingsError
 from fedsync.factored import Side
 from fedsync.models.initial import state_digest

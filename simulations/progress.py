@@ -28,7 +28,7 @@ from rich.progress import (
 )
 
 from fedsync.config import RunConfig
-from fedsync.progress import interactive
+from fedsync.reports.progress_bar import interactive
 
 __all__ = ["ComparisonProgress", "EventTail", "RunState", "budget_of", "interactive"]
 

@@ -2,7 +2,7 @@
 
 A run that trains nothing must not end like one that trained: :class:`TrainingHealth`
 reads the central evaluations as they come (every strategy records them in
-:class:`~fedsync.aggregation.progress.RunTally`) and says when
+:class:`~fedsync.aggregation.tally.RunTally`) and says when
 
 * the test loss is not finite (``nan``/``inf``): the model is lost;
 * the test loss has risen above both 1.5x its value at the first evaluation (the

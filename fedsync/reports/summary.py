@@ -1,7 +1,7 @@
 """One result type for every strategy: what ``summary.json`` holds.
 
 Flower's FedAvg and fedsync's asynchronous strategies end the same way: a
-:class:`RunSummary` built from the run's :class:`~fedsync.aggregation.progress.RunTally`
+:class:`RunSummary` built from the run's :class:`~fedsync.aggregation.tally.RunTally`
 (bytes, accuracy over time, the target), written as ``summary.json`` with the same keys
 for every strategy, and read back by the comparison runner with :meth:`RunSummary.read`.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsync.aggregation.progress import RunTally
+from fedsync.aggregation.tally import RunTally
 
 __all__ = ["RunFailedError", "RunSummary"]
 

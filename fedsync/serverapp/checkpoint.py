@@ -37,7 +37,7 @@ from typing import Any, Final
 import torch
 from flwr.common.logger import log
 
-from fedsync.aggregation.progress import RunTally, TargetReached
+from fedsync.aggregation.tally import RunTally, TargetReached
 from fedsync.config import CheckpointSection, SettingsError
 from fedsync.persist import atomic_write_bytes
 

@@ -18,8 +18,8 @@ import torch
 from flwr.common.logger import log
 
 from fedsync.engine import AggregationEngine
-from fedsync.progress import LoopProgress
 from fedsync.reports import RunRecorder, RunSummary, plot_run
+from fedsync.reports.progress_bar import LoopProgress
 from fedsync.serverapp.checkpoint import AsyncCheckpoint, restore_tally, tally_state
 
 __all__ = ["EvaluateFn", "RunJournal"]

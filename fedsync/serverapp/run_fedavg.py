@@ -10,7 +10,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedsync import protocol
-from fedsync.aggregation.progress import RunTally
+from fedsync.aggregation.tally import RunTally
 from fedsync.config import RunConfig
 from fedsync.reports import RunRecorder, RunSummary, plot_run
 from fedsync.serverapp.evaluation import CentralEvaluator

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedsync.aggregation.progress import RunTally
+from fedsync.aggregation.tally import RunTally
 from fedsync.config import CheckpointSection, RunConfig, SettingsError
 from fedsync.persist import JOB_KEY, atomic_write_bytes
 from fedsync.reports import RunRecorder, read_events

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from fedsync.aggregation.health import TrainingHealth, health_problem
-from fedsync.aggregation.progress import RunTally
+from fedsync.aggregation.tally import RunTally
 
 CHANCE = {"chance_accuracy": 0.1135, "chance_loss": math.log(10), "num_examples": 10000.0}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.progress import LoopProgress, interactive, track
+from fedsync.reports.progress_bar import LoopProgress, interactive, track
 from fedsync.simulations.progress import ComparisonProgress, EventTail, RunState, budget_of
 
 

@@ -21,8 +21,8 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedsync.aggregation.downlink import DownlinkPayload
-from fedsync.aggregation.progress import RunTally
 from fedsync.aggregation.shared_downlink import SharedDownlink, VersionEvicted, grid_of
+from fedsync.aggregation.tally import RunTally
 from fedsync.clientapp.compressed import (
     DOWNLINK_BASE,
     DOWNLINK_VERSION,
