@@ -5,7 +5,7 @@ Run ``python -m benchmarks.ab_training`` (writes ``benchmarks/results/ab_trainin
 
 For fedsync's LeNet-5 CNN (Fashion-MNIST) and its char-LSTM (Tiny Shakespeare), at
 ranks 2, 4 and 8, every row is the length of a real frame encoded by
-:class:`fedsync.codec.UpdateCodec` with the model's (or the side's) specs, from a
+:class:`fedsync.codecs.UpdateCodec` with the model's (or the side's) specs, from a
 seeded random update: for these specs (dense, ``uniform:8``, PowerSGD) a frame's length
 follows from the shapes alone, so any update of the model gives the same lengths.
 
@@ -38,12 +38,12 @@ import numpy as np
 import torch
 
 from fedsync.clientapp.ab_training import FactoredModel
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.data.types import ArrayDataset
 from fedsync.factored import SIDES, Side, factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models import build_model
 from fedsync.models.training import train
-from fedsync.task import model_state, tensor_specs
+from fedsync.task import model_state
 from fedsync.updates import TensorSpec
 
 OUT = Path(__file__).resolve().parent / "results" / "ab_training.json"
@@ -65,7 +65,7 @@ def rows_for(model: str, classes: int, shape: tuple[int, ...]) -> dict[str, Any]
     """Every row of one model."""
     torch.manual_seed(0)
     state = build_model(model, classes, shape).state_dict()
-    specs = specs_of({k: v.float() for k, v in state.items() if v.is_floating_point()})
+    specs = tensor_specs({k: v.float() for k, v in state.items() if v.is_floating_point()})
     dense = frame_length("none+fp32", specs)
     result: dict[str, Any] = {
         "parameters": sum(s.numel for s in specs.values()),

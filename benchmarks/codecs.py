@@ -13,7 +13,7 @@ laplace``: Laplace, the family SIDCo's default fit assumes):
   threads) and ``numpy.sum`` (one thread) -- the bandwidth ceiling;
 * ``torch.topk``: compression built on ``torch.topk`` (select, sort positions,
   gather, 8-bit uniform quantization, frame encoding);
-* our codecs through :class:`fedsync.codec.UpdateCodec` (sparsify + quantize +
+* our codecs through :class:`fedsync.codecs.UpdateCodec` (sparsify + quantize +
   encode to bytes, and decode back to a sparse update): the DGC sampled threshold
   (``dgc``), exact top-k (``topk``), SIDCo (``sidco``, and ``sidco(full pass)``
   with stage 1's moments from every entry, ``sample=1``), each with ``uniform:8``,
@@ -80,7 +80,7 @@ import numba
 import numpy as np
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.base import target_count
 from fedsync.kernels.dispatch import TorchBackend, registered_backends
 from fedsync.reports.progress_bar import track

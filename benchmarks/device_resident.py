@@ -62,7 +62,7 @@ def worker(inputs: Path) -> None:
     """Serve ``<case> <spec> <backend>`` lines: one encode + decode each."""
     import torch
 
-    from fedsync.codec import UpdateCodec, specs_of
+    from fedsync.codecs import UpdateCodec, tensor_specs
     from fedsync.kernels import dispatch
 
     torch.set_num_threads(1)
@@ -81,7 +81,7 @@ def worker(inputs: Path) -> None:
         calls[key] = n + 1
         update = {k: v.to(device) for k, v in updates[n % len(updates)].items()}
         if key not in codecs:
-            codecs[key] = UpdateCodec(spec, seed=3, specs=specs_of(update))
+            codecs[key] = UpdateCodec(spec, seed=3, specs=tensor_specs(update))
         codec = codecs[key]
         if device == "cuda":
             torch.cuda.synchronize()

@@ -7,7 +7,7 @@ The updates are real: fedsync's CNN trained on Fashion-MNIST and its char-LSTM o
 Tiny Shakespeare (data from ``--data-dir``, default ``../shared/data``) for a few local
 SGD steps from a seeded start; the update is ``trained - start``. Each update is
 compressed with ``topk:<density>+uniform:<bits>`` at densities 0.1 %, 1 % and 10 %
-and 8 / 4 bits, through :class:`fedsync.codec.UpdateCodec` given the model's specs
+and 8 / 4 bits, through :class:`fedsync.codecs.UpdateCodec` given the model's specs
 (so the frame carries the schema digest, not the tensor table), and the real frame's
 length is compared with the bound
 
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.data.registry import load_dataset
 from fedsync.models import build_model, train
 from fedsync.reports.progress_bar import track
@@ -82,7 +82,7 @@ def real_update(
 
 def frame_row(update: dict[str, torch.Tensor], density: float, bits: int) -> dict[str, Any]:
     """Sizes of one update's frame (digest and table), broken down, and the bound."""
-    specs = specs_of(update)
+    specs = tensor_specs(update)
     spec = f"topk:{density}+uniform:{bits}"
     payload = UpdateCodec(spec, specs=specs).encode(update)
     table_payload = UpdateCodec(spec).encode(update)

@@ -15,7 +15,7 @@ config's defaults (digits, its model, the default uplink codec), on ``--device``
 ``delta``
     ``trained - start`` (:func:`fedsync.clientapp.compressed.uplink_delta`);
 ``encode``
-    the uplink codec with error feedback (:meth:`fedsync.codec.UpdateCodec.encode`)
+    the uplink codec with error feedback (:meth:`fedsync.codecs.UpdateCodec.encode`)
     to the frame's bytes.
 
 One task runs first to warm up (kernel compilation, library handles); the next
@@ -43,7 +43,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from fedsync.clientapp.compressed import uplink_delta
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.reports.provenance import provenance
 from fedsync.task import model_for, model_state
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.traces or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         settings = config.training
-        specs = specs_of(model_state(model_for(settings)))
+        specs = tensor_specs(model_state(model_for(settings)))
         codec = UpdateCodec(spec, seed=settings.seed, specs=specs)
         run_task(device, config, codec, specs, None, 0)  # warm-up
         tasks = [run_task(device, config, codec, specs, folder, i + 1) for i in range(args.tasks)]

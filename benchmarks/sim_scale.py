@@ -83,13 +83,13 @@ import torch
 
 from benchmarks.gpu_task_profile import run_task
 from benchmarks.proc_sampler import TreeSampler, rss_report
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.deploy import DeploymentError, LocalSuperLink
 from fedsync.deploy.ray_cluster import LocalRayCluster, RayNodeSpec
 from fedsync.models.registry import build_model
 from fedsync.reports.provenance import git_commit, provenance
-from fedsync.task import model_for, model_state, tensor_specs
+from fedsync.task import model_for, model_state
 from fedsync.updates import densify
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ def _plain_worker(
     config = RunConfig.from_run_config(run_config)
     device = torch.device("cpu")
     initial = model_state(model_for(config.training))
-    specs = specs_of(initial)
+    specs = tensor_specs(initial)
     frame = UpdateCodec(downlink, specs=specs).encode(initial)  # the task's start model
     encoders: dict[int, UpdateCodec] = {}  # error feedback per node, as each node keeps it
 

@@ -62,7 +62,7 @@ from fedsync.config import RunConfig, SettingsError
 from fedsync.factored import Side
 from fedsync.models.initial import state_digest
 from fedsync.strategies import STRATEGIES, Arrival, Strategy
-from fedsync.updates import SparseTensor, TensorSpec
+from fedsync.updates import SparseTensor, TensorSpec, tensor_specs
 from fedsync.wire import UnexpectedCodec
 from fedsync.wire.relay import RelayEntry
 
@@ -76,14 +76,14 @@ def default_codec_factory(
     specs: Mapping[str, TensorSpec] | None = None,
     masks: Mapping[str, torch.Tensor] | None = None,
 ) -> UpdateCodecLike:
-    """Build :class:`fedsync.codec.UpdateCodec` from a spec string.
+    """Build :class:`fedsync.codecs.UpdateCodec` from a spec string.
 
     ``seed`` fixes the random choices of stochastic codecs (random-k, stochastic
     rounding) the server encodes downlinks with; decoding needs no seed. With the
     model's ``specs`` its frames carry the model's schema digest, not its tensor table.
     ``masks`` are a pruned run's explicit masks (``mask:digest=...`` specs).
     """
-    from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
+    from fedsync.codecs import UpdateCodec  # the codec pulls in numba kernels: load late
 
     codec: UpdateCodecLike = UpdateCodec(spec, seed=seed, specs=specs, masks=masks)
     return codec
@@ -323,10 +323,7 @@ class AggregationEngine:
         self.trained = {k: v for k, v in self.state.items() if v.is_floating_point()}
         if not self.trained:
             raise ValueError("global_state has no floating-point tensors to train")
-        self.specs = {
-            name: TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-            for name, t in self.trained.items()
-        }
+        self.specs = tensor_specs(self.trained)
         self.version = version
         # --- codecs (built once per spec; the uplink ones checked now, not mid-run) ---
         seed = config.training.seed

@@ -13,7 +13,6 @@ import torch
 from fedsync.config import TrainingSection
 from fedsync.data import ArrayDataset, DatasetSplits, load_dataset, load_partition
 from fedsync.models import build_model
-from fedsync.updates import TensorSpec
 
 
 def dataset_for(settings: TrainingSection) -> DatasetSplits:
@@ -60,11 +59,3 @@ def model_state(model: torch.nn.Module) -> OrderedDict[str, torch.Tensor]:
         for name, tensor in model.state_dict().items()
         if tensor.is_floating_point()
     )
-
-
-def tensor_specs(state: dict[str, torch.Tensor]) -> dict[str, TensorSpec]:
-    """Name, shape and dtype of each tensor, as the wire format's decoder checks them."""
-    return {
-        name: TensorSpec(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-        for name, tensor in state.items()
-    }

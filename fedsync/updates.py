@@ -3,7 +3,8 @@
 These three small types are the contracts the rest of fedsync is built on:
 
 * :class:`TensorSpec` -- what a tensor is (name, shape, dtype), carried in the frame's
-  tensor table so the decoder can check every count against it.
+  tensor table so the decoder can check every count against it; :func:`tensor_specs`
+  makes them from a state dict.
 * :class:`QuantizedValues` and :class:`CompressedTensor` -- what a compressor hands to
   the wire format: positions (or none, for dense and fixed-mask tensors) and integer
   codes of a known bit width plus the float parameters needed to turn codes back
@@ -118,6 +119,53 @@ class TensorSpec:
     def numel(self) -> int:
         """Number of elements of the dense tensor."""
         return math.prod(self.shape)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``dtype``'s name in a :class:`TensorSpec`: torch's, less ``torch.`` (``float32``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    """The :class:`TensorSpec` of one tensor: ``name``, its shape and its dtype's name."""
+    return TensorSpec(name, tuple(int(d) for d in tensor.shape), dtype_name(tensor.dtype))
+
+
+def tensor_specs(state: Mapping[str, torch.Tensor | TensorSpec]) -> dict[str, TensorSpec]:
+    """The :class:`TensorSpec` (name, shape, dtype) of every tensor of ``state``, in order.
+
+    The one place a model's specs are made: what an :class:`~fedsync.codecs.UpdateCodec`
+    is given as ``specs=`` and checks frames against (``decode(expected=)``). Nothing is
+    left out: a codec compresses floating-point tensors only, so give it those (the
+    engine's trained tensors, :func:`fedsync.task.model_state`), or let
+    :class:`~fedsync.codecs.Codec` pick them (:func:`~fedsync.codecs.float_tensors`).
+
+    Parameters
+    ----------
+    state : mapping of str to torch.Tensor or to TensorSpec
+        A state dict or update (any device; nothing is copied), or specs, which are
+        returned as given.
+
+    Raises
+    ------
+    TypeError
+        If an entry is neither a tensor nor a :class:`TensorSpec`.
+    ValueError
+        If a spec's name differs from its key.
+    """
+    specs: dict[str, TensorSpec] = {}
+    for name, item in state.items():
+        if isinstance(item, torch.Tensor):
+            specs[name] = tensor_spec(name, item)
+        elif isinstance(item, TensorSpec):
+            if item.name != name:
+                raise ValueError(f"entry {name!r} is the spec of {item.name!r}")
+            specs[name] = item
+        else:
+            raise TypeError(
+                f"entry {name!r} must be a torch.Tensor or TensorSpec, got {type(item).__name__}"
+            )
+    return specs
 
 
 @dataclass

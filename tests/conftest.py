@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import fedsync.codec
+import fedsync.codecs
 from fedsync.compression.pipeline import BuildContext, Pipeline, PipelineConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -30,14 +30,14 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture
 def built_pipelines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The spec of every pipeline :mod:`fedsync.codec` builds during the test, in order
+    """The spec of every pipeline :mod:`fedsync.codecs` builds during the test, in order
     (the real builder, recorded)."""
     built: list[str] = []
-    build = fedsync.codec.build_pipeline
+    build = fedsync.codecs.build_pipeline
 
     def recording(config: PipelineConfig, context: BuildContext) -> Pipeline:
         built.append(config.to_spec())
         return build(config, context)
 
-    monkeypatch.setattr(fedsync.codec, "build_pipeline", recording)
+    monkeypatch.setattr(fedsync.codecs, "build_pipeline", recording)
     return built

@@ -52,7 +52,7 @@ DownlinkKind = Literal["full", "delta", "shared", "relay"]
 
 
 class UpdateCodecLike(Protocol):
-    """The part of :class:`fedsync.codec.UpdateCodec` the server uses."""
+    """The part of :class:`fedsync.codecs.UpdateCodec` the server uses."""
 
     def encode(self, update: Mapping[str, torch.Tensor]) -> bytes:
         """Compress dense tensors into one payload."""

@@ -274,7 +274,7 @@ def replay(
         The frame's mean is not one fedsync knows, its optimizer not ``optimizer``'s, or
         it names an own update (:meth:`RelayFrame.with_own` fills those in first).
     """
-    from fedsync.codec import UpdateCodec  # the codec pulls in numba kernels: load late
+    from fedsync.codecs import UpdateCodec  # the codec pulls in numba kernels: load late
 
     mean = cast(Normalization, frame.mean)
     if mean not in NORMALIZATIONS:

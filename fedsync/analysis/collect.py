@@ -4,7 +4,7 @@ sends: the real frames, decoded as the server decodes them.
 The loop is a synchronous stand-in for a run, built from the pieces a run uses: the
 model and data of :mod:`fedsync.task` (same settings, same seeded partitions), local
 training with :func:`fedsync.models.training.train` and the run's local settings,
-and per client one :class:`~fedsync.codec.UpdateCodec` with its own sender memory
+and per client one :class:`~fedsync.codecs.UpdateCodec` with its own sender memory
 (error feedback carries over from task to task, as on a device). In each round every
 client trains from the current global model, its ``local - start`` delta is encoded
 with the task's uplink spec (the run's schedule at that model version), the frame is
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedsync.aggregation import UpdateBuffer, validate_update
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.models.training import InnerOptimizer, evaluate, train
 from fedsync.strategies import STRATEGIES, Strategy
@@ -144,7 +144,7 @@ def collect_updates(
 
     model = model_for(settings)
     global_state: dict[str, torch.Tensor] = dict(model_state(model))
-    specs = specs_of(global_state)
+    specs = tensor_specs(global_state)
     test_set = dataset_for(settings).test
     data = [client_data(settings, c, clients)[0] for c in range(clients)]
     codecs = [

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.factored import FactorShape, Side, factor_shapes, frozen_specs, other
 from fedsync.updates import TensorSpec, densify
 

@@ -65,7 +65,7 @@ from fedsync.clientapp.frame_audit import record as record_frame
 from fedsync.clientapp.live_state import LIVE, keeps_live_state
 from fedsync.clientapp.node_state import NodeState, node_state
 from fedsync.clientapp.state_store import CodecStateStore
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
 from fedsync.compression.spec import parse_spec
@@ -178,16 +178,16 @@ def encode_uplink(
     and frame are recorded for replay on another device (:mod:`fedsync.clientapp.frame_audit`).
     """
     # Both ends know the model: frames carry its schema digest, not its tensor table.
+    specs = tensor_specs(delta)
     codec = UpdateCodec(
         task.uplink_codec,
         seed=task.run_seed * 100_003 + partition_id,
-        specs=specs_of(delta),
+        specs=specs,
         masks=masks,
     )
     node_config = context.node_config
     held = state if state is not None else node_state(context, job=task.job)
     store = CodecStateStore.from_node_config(node_config, job=task.job, partition_id=partition_id)
-    specs = {name: TensorSpec(name, tuple(t.shape)) for name, t in delta.items()}
     # On an accelerator the residual stays there between tasks (fedsync.clientapp.live_state);
     # the saved copy below is still written every task.
     device = next(iter(delta.values())).device

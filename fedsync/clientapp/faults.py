@@ -36,7 +36,7 @@ from typing import Any, Final
 import numpy as np
 import torch
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression import parse_spec
 from fedsync.compression.pruning import mask_digest, masked_spec
 from fedsync.config import SettingsError
@@ -148,7 +148,7 @@ class FaultInjector:
         if kind == "garbage":
             return rng.integers(0, 256, size=len(payload), dtype=np.uint8).tobytes()
         if kind in ("nan", "inf"):
-            return _non_finite(payload, kind, specs_of(delta))
+            return _non_finite(payload, kind, tensor_specs(delta))
         if kind == "shape":
             wrong = dict(delta)
             name, tensor = next(iter(wrong.items()))
@@ -170,7 +170,7 @@ class FaultInjector:
             assigned = parse_spec(spec).to_spec()
             other = next(codec for codec in OTHER_CODECS if codec != assigned)
             # Both ends know the model, as for the honest frame: its digest, not a table.
-            return UpdateCodec(other, seed=seed, specs=specs_of(delta)).encode(delta)
+            return UpdateCodec(other, seed=seed, specs=tensor_specs(delta)).encode(delta)
         raise SettingsError(f"unknown fault kind {kind!r}")
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 
 __all__ = [
     "ENV",
@@ -101,7 +101,7 @@ def record(
     name : str
         The record's file name without suffix.
     spec, seed : str, int
-        The codec's spec and seed (:class:`~fedsync.codec.UpdateCodec`).
+        The codec's spec and seed (:class:`~fedsync.codecs.UpdateCodec`).
     update : mapping of str to torch.Tensor
         The update as the encoder got it (copied to the host).
     before, after : mapping of str to numpy.ndarray
@@ -206,7 +206,7 @@ def replay(path: Path, device: str = "cpu") -> ReplayResult:
                 groups[group][rest] = data[key]
         frame = data["frame"].tobytes()
     update = {n: torch.from_numpy(groups["update"][n]).to(device) for n in meta["names"]}
-    codec = UpdateCodec(meta["spec"], seed=meta["seed"], specs=specs_of(update))
+    codec = UpdateCodec(meta["spec"], seed=meta["seed"], specs=tensor_specs(update))
     codec.load_state(groups["before"])
     mine = codec.encode(update)
     after = codec.to_state()

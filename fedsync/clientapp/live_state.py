@@ -27,7 +27,7 @@ from collections.abc import Hashable
 import torch
 from flwr.app import ConfigRecord, Context
 
-from fedsync.codec import CodecState, UpdateCodec
+from fedsync.codecs import CodecState, UpdateCodec
 from fedsync.records import get_str
 
 __all__ = ["LIVE_TOKEN", "LiveStates", "keeps_live_state"]

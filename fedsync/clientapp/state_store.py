@@ -33,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 from flwr.common.logger import log
 
-from fedsync.codec import CodecState
+from fedsync.codecs import CodecState, state_step, tensor_memory
 from fedsync.persist import JOB_KEY, PersistError, bytes_digest, parse_arrays, save_arrays
 from fedsync.updates import TensorSpec
 
@@ -47,7 +47,6 @@ JOURNAL: Final = "restores.jsonl"
 """File in the state folder that gets one line per restore from disk."""
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_STATE_PREFIXES = ("residual/", "momentum/")
 
 
 def node_state_path(folder: Path, kind: str, *, job: str, partition_id: int) -> Path:
@@ -98,12 +97,11 @@ class CodecStateStore:
 
     def save(self, state: Mapping[str, np.ndarray], *, task: str = "") -> Path:
         """Persist ``state`` (replaces the previous file atomically)."""
-        step = state.get("codec/step")
         meta = {
             "format": FORMAT,
             "job": self.job,
             "partition": self.partition_id,
-            "step": int(np.asarray(step).reshape(-1)[0]) if step is not None else 0,
+            "step": state_step(state),
             "task": task,
             "saved_at": time.time(),
         }
@@ -146,15 +144,11 @@ class CodecStateStore:
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, this node reads {FORMAT}")
         check_owner(meta, job=self.job, partition_id=self.partition_id)
-        for key, array in arrays.items():
-            prefix = next((p for p in _STATE_PREFIXES if key.startswith(p)), None)
-            if prefix is None:
-                continue
-            name = key[len(prefix) :]
+        for prefix, name, array in tensor_memory(arrays):
             spec = specs.get(name)
             if spec is None or array.size != spec.numel:
                 raise ValueError(
-                    f"{key} ({array.size} values) does not fit the model "
+                    f"{prefix}{name} ({array.size} values) does not fit the model "
                     f"({spec.numel if spec is not None else 'no such tensor'})"
                 )
         CodecState.from_state(arrays)  # dtypes and ranks the codec will accept

@@ -7,7 +7,7 @@ Small objects with one job each, composed by a spec string or typed config::
     >>> cfg.with_density(0.01).with_bits(4).to_spec()
     'dgc:0.01+qsgd:7+ef:momentum=0.9'
 
-Users normally go through :class:`fedsync.codec.UpdateCodec`, which adds the wire
+Users normally go through :class:`fedsync.codecs.UpdateCodec`, which adds the wire
 format, seeds, state export and statistics.
 """
 

@@ -17,9 +17,9 @@ inputs and the residual accumulates the velocity::
 and momentum-factor masking zeroes ``u`` where values were sent, so stale momentum does
 not push the same coordinates again.
 
-The memory is an :class:`ErrorFeedbackState`: float32 tensors by name, exported as a
-plain ``dict[str, numpy.ndarray]`` (``to_state``/``from_state``) for Flower's
-``context.state``.
+The memory is an :class:`ErrorFeedbackState`: float32 tensors by name. The codec's
+state (:class:`fedsync.codecs.CodecState`) exports it as plain arrays for Flower's
+``context.state``, under the keys :mod:`fedsync.codecs` lays out.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from fedsync.compression.config import BuildContext, StageConfig, StageKind, check_range
@@ -44,9 +43,6 @@ from fedsync.compression.registry import register
 from fedsync.updates import CompressedTensor, TensorSpec
 
 __all__ = ["ErrorFeedback", "ErrorFeedbackConfig", "ErrorFeedbackState", "memory_for"]
-
-RESIDUAL = "residual/"
-MOMENTUM = "momentum/"
 
 
 @register()
@@ -101,30 +97,6 @@ class ErrorFeedbackState:
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
     # role: DGC momentum correction's velocity
     momenta: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def to_state(self) -> dict[str, np.ndarray]:
-        """A plain dict of float32 numpy arrays: ``residual/<name>``, ``momentum/<name>``."""
-        out = {RESIDUAL + k: v.detach().to("cpu").numpy().copy() for k, v in self.residuals.items()}
-        out.update(
-            {MOMENTUM + k: v.detach().to("cpu").numpy().copy() for k, v in self.momenta.items()}
-        )
-        return out
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, np.ndarray]) -> ErrorFeedbackState:
-        """Rebuild from :meth:`to_state` output; keys with other prefixes are ignored."""
-        out = cls()
-        for key, array in state.items():
-            for prefix, table in ((RESIDUAL, out.residuals), (MOMENTUM, out.momenta)):
-                if key.startswith(prefix):
-                    values = np.asarray(array)
-                    if values.dtype != np.float32 or values.ndim != 1:
-                        raise ValueError(
-                            f"error-feedback state {key!r} must be a 1-d float32 array, "
-                            f"got {values.dtype} with shape {values.shape}"
-                        )
-                    table[key[len(prefix) :]] = torch.from_numpy(values.copy())
-        return out
 
     def load(self, other: ErrorFeedbackState) -> None:
         """Replace this state's contents with ``other``'s (in place: sharers see it)."""

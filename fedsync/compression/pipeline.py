@@ -44,9 +44,11 @@ from fedsync.updates import (
     SparseUpdate,
     TensorSpec,
     device_tensor,
+    dtype_name,
     host_array,
     lowrank_rank,
     matrix_dims,
+    tensor_spec,
 )
 
 __all__ = [
@@ -60,10 +62,8 @@ __all__ = [
 ]
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float64: "float64",
+    dtype: dtype_name(dtype)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 }
 """Dense dtypes an update may hold, and their names in :class:`TensorSpec`."""
 
@@ -78,14 +78,12 @@ def flatten(name: str, tensor: torch.Tensor) -> tuple[TensorSpec, torch.Tensor]:
         raise TypeError(
             f"update entry {name!r} must be a torch.Tensor, got {type(tensor).__name__}"
         )
-    dtype = DTYPE_NAMES.get(tensor.dtype)
-    if dtype is None:
+    if tensor.dtype not in DTYPE_NAMES:
         raise ValueError(
             f"update entry {name!r} has dtype {tensor.dtype}; only floating tensors "
             f"({', '.join(DTYPE_NAMES.values())}) can be compressed"
         )
-    spec = TensorSpec(name, tuple(int(d) for d in tensor.shape), dtype)
-    return spec, tensor.detach().reshape(-1).to(torch.float32).contiguous()
+    return tensor_spec(name, tensor), tensor.detach().reshape(-1).to(torch.float32).contiguous()
 
 
 @dataclass
@@ -344,7 +342,7 @@ class Pipeline:
     def check_frame_seed(self, seed: int | None, tensor: str | None = None) -> None:
         """A frame seed exactly when this pipeline rotates.
 
-        :meth:`fedsync.codec.UpdateCodec.decode` checks it once per frame, on its
+        :meth:`fedsync.codecs.UpdateCodec.decode` checks it once per frame, on its
         header (so it holds for a frame of no tensors); :meth:`decompress` again per
         tensor, before anything is allocated for it.
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.demo_memory import DeMoConfig
 from fedsync.compression.errors import SpecError
 from fedsync.compression.seeding import derive_seed

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.pipeline import flatten
 from fedsync.updates import TensorSpec
 from fedsync.wire import PayloadError

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.errors import SpecError
 from fedsync.compression.seeding import derive_seed
 from fedsync.compression.spec import parse_spec

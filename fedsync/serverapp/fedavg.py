@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedsync import protocol
 from fedsync.clock import TaskWork
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.records import get_int
 from fedsync.reports import RunRecorder
 from fedsync.serverapp.sync_timing import SyncRoundClock

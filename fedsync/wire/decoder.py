@@ -737,7 +737,7 @@ def decode_frame(
         has none) as soon as both are read, after ``expected_codec``'s check and
         before the schema, the table or any tensor; what it raises propagates. A
         codec uses it for the rules the wire leaves to it, such as whether its
-        frames carry a seed (:meth:`fedsync.codec.UpdateCodec.decode`), which then
+        frames carry a seed (:meth:`fedsync.codecs.UpdateCodec.decode`), which then
         hold for a frame of no tensors too.
 
     Returns

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.factored import factor_shapes, frozen_specs, uplink_specs
 from fedsync.reports import read_events
@@ -57,7 +57,7 @@ def model_update_specs() -> tuple[dict[str, torch.Tensor], int]:
     g = torch.Generator().manual_seed(0)
     state = model_state(model)
     update = {name: 0.01 * torch.randn(t.shape, generator=g) for name, t in state.items()}
-    dense = len(UpdateCodec("none+fp32", specs=specs_of(update)).encode(update))
+    dense = len(UpdateCodec("none+fp32", specs=tensor_specs(update)).encode(update))
     return update, dense
 
 
@@ -84,7 +84,7 @@ def test_powersgd_uplink_in_a_simulation(tmp_path: Path, project_root: Path) -> 
     update, dense = model_update_specs()
     # A PowerSGD frame's length depends on the shapes alone (the 64 x 64 and 10 x 64
     # matrices as rank-2 factors, 8-bit; the biases fp16): every reply is that frame.
-    expected = len(UpdateCodec(spec, specs=specs_of(update)).encode(update))
+    expected = len(UpdateCodec(spec, specs=tensor_specs(update)).encode(update))
     assert set(sizes) == {expected}
     assert expected < dense / 20
 
@@ -98,7 +98,7 @@ def test_demo_uplink_in_a_simulation(tmp_path: Path, project_root: Path) -> None
     # byte each, a floor on its length); the index section's length moves with where
     # the kept coefficients fall (real updates keep low frequencies: they code smaller
     # than a random update's).
-    specs = specs_of(update)
+    specs = tensor_specs(update)
     _, tensors = decode_frame(UpdateCodec(spec, specs=specs).encode(update), expected=specs)
     kept = sum(len(t.values.codes) for t in tensors)
     assert kept == 4 * (64 + 1 + 10) + 4  # 64x64 and 10x64 weights, the 64 and 10 biases
@@ -117,7 +117,7 @@ def test_ab_training_in_a_simulation(tmp_path: Path, project_root: Path) -> None
     )
     sizes = check_learned(summary, folder)
     update, dense = model_update_specs()
-    specs = specs_of(update)
+    specs = tensor_specs(update)
     shapes = factor_shapes(specs, 4, 2.0)
     assert len(shapes) == 2, shapes  # the 64 x 64 and 10 x 64 weights
     # Each reply is its side's frame: the trained factor's delta (A: m x 4, B: 4 x n)

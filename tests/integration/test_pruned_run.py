@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.pruning import mask_digest, prunable
 from fedsync.reports import read_events
 from fedsync.serverapp.checkpoint import load_checkpoint
-from fedsync.task import tensor_specs
+from fedsync.updates import tensor_specs
 from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.reports import read_events
 from fedsync.task import model_for, model_state

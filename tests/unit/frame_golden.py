@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 
 GOLDEN = Path(__file__).with_name("data") / "frame_golden.json"
 

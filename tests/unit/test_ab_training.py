@@ -19,14 +19,14 @@ from fedsync import protocol
 from fedsync.clientapp.ab_training import FactoredModel, FactorTaskError, decode_frozen
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.factored import factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainReply, TrainTask
-from fedsync.task import dataset_for, model_for, model_state, tensor_specs
-from fedsync.updates import TensorSpec
+from fedsync.task import dataset_for, model_for, model_state
+from fedsync.updates import TensorSpec, tensor_specs
 from fedsync.wire import PayloadError
 from tests.unit.test_client_state import _task_identity
 

@@ -18,7 +18,7 @@ from fedsync.aggregation.server_optimizer import (
     ServerMomentum,
     build_server_optimizer,
 )
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.data.types import ArrayDataset
 from fedsync.engine import AggregationEngine
@@ -333,7 +333,8 @@ def test_the_clientapp_trains_at_the_position_its_task_carries() -> None:
     from fedsync import protocol
     from fedsync.clients.app import train_task
     from fedsync.clients.runtime import ClientRuntime
-    from fedsync.task import model_for, model_state, tensor_specs
+    from fedsync.task import model_for, model_state
+    from fedsync.updates import tensor_specs
 
     run_config = {
         "dataset": "digits",

@@ -26,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 import fedsync.serverapp.channel as channel
 from fedsync import protocol
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.reports import RunRecorder, read_events
 from fedsync.serverapp.checkpoint import AsyncCheckpoint
@@ -37,7 +37,7 @@ from fedsync.wire import UnexpectedCodec
 SHAPES = {"layer.weight": (32, 16), "layer.bias": (16,)}
 
 
-# --- a dense stand-in for fedsync.codec.UpdateCodec (tests only) ----------------------------
+# --- a dense stand-in for fedsync.codecs.UpdateCodec (tests only) ----------------------------
 SPEC_KEY = "__spec__"
 """The ``.npz`` entry holding the spec a :class:`DenseCodec` payload was encoded with."""
 
@@ -107,7 +107,7 @@ class FakeClients:
     ) -> None:
         self.behaviour = dict(behaviour or {})
         self.partitions = dict(partitions or {})  # node -> partition-id (probe answers)
-        self.real = real  # the real fedsync.codec.UpdateCodec instead of the stand-in
+        self.real = real  # the real fedsync.codecs.UpdateCodec instead of the stand-in
         self.feedback: dict[int, dict[str, np.ndarray]] = {}
         self.models: dict[int, dict[str, torch.Tensor]] = {}
         self.configs: list[dict[str, Any]] = []

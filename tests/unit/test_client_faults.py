@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 from fedsync import protocol
 from fedsync.aggregation.guard import UpdateNormGuard
 from fedsync.clientapp.faults import FAULT_KINDS, FaultInjector
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.records import get_int, get_str
 from fedsync.reports import RunRecorder, read_events

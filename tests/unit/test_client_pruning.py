@@ -18,13 +18,12 @@ from fedsync import protocol
 from fedsync.clientapp.compressed import PRUNING_MASK, PruningMaskError, hold_pruned_at_zero
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.pruning import apply_masks, magnitude_masks, mask_digest, masked_spec
 from fedsync.data import ArrayDataset
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainTask
-from fedsync.task import tensor_specs
-from fedsync.updates import TensorSpec
+from fedsync.updates import TensorSpec, tensor_specs
 from fedsync.wire import SchemaMismatch, inspect_frame
 from fedsync.wire.mask import encode_masks
 from tests.unit.test_client_state import RUN_CONFIG, _task_identity, global_model

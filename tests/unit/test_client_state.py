@@ -24,7 +24,7 @@ from fedsync.clientapp.compressed import CODEC_STATE
 from fedsync.clientapp.state_store import JOURNAL, CodecStateStore
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.persist import file_digest, load_arrays, save_arrays
 from fedsync.protocol import TrainTask
@@ -164,7 +164,7 @@ def test_a_faulty_node_corrupts_the_wire_not_its_memory(
     context = fresh_context(tmp_path, fault="nan")
     sent = uplink(task(1), context)
     with pytest.raises(ValueError, match="not finite"):
-        UpdateCodec().decode(sent, specs_of(global_model()))
+        UpdateCodec().decode(sent, tensor_specs(global_model()))
     assert len(sent) == len(reference[0]) and sent != reference[0]
     honest = fresh_context(None)
     uplink(task(1), honest)

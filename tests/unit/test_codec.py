@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsync.codec import (
+from fedsync.codecs import (
     CodecMismatch,
     NonFiniteUpdate,
     PayloadError,
@@ -20,7 +20,7 @@ from fedsync.codec import (
     UpdateMismatch,
     array_to_payload,
     payload_to_array,
-    specs_of,
+    tensor_specs,
 )
 from fedsync.compression import (
     NonFiniteInputError,
@@ -153,7 +153,7 @@ def test_same_seed_same_bytes_and_decodes(spec: str) -> None:
     assert first == b.encode(update)
     # The step counter varies later encodes; an explicit seed pins them.
     assert a.encode(update, seed=5) == b.encode(update, seed=5)
-    decoded = UpdateCodec().decode(first, expected=specs_of(update))
+    decoded = UpdateCodec().decode(first, expected=tensor_specs(update))
     assert sorted(decoded) == sorted(update)
     assert decoded["empty"].nnz == 0 and decoded["scale"].nnz == 1
 
@@ -193,7 +193,7 @@ def test_explicit_masks_on_both_sides() -> None:
     sender = UpdateCodec("mask+fp32", masks=masks)
     assert sender.spec.startswith("mask:digest=")
     payload = sender.encode(update)
-    decoded = UpdateCodec(masks=masks).decode(payload, expected=specs_of(update))
+    decoded = UpdateCodec(masks=masks).decode(payload, expected=tensor_specs(update))
     w = decoded["layer.weight"]
     assert torch.equal(w.indices, masks["layer.weight"].reshape(-1).nonzero().view(-1))
     assert torch.equal(w.values, update["layer.weight"].reshape(-1)[w.indices])
@@ -211,7 +211,7 @@ def test_per_task_density_and_bits_decode_with_any_codec() -> None:
     task = base.with_density(0.05).with_bits(3)
     assert task.spec == "dgc:0.05+uniform:3+ef"
     payload = task.encode(update)
-    decoded = base.decode(payload, expected=specs_of(update))
+    decoded = base.decode(payload, expected=tensor_specs(update))
     k = target_count(60_000, 0.05)
     assert 0.8 * k <= decoded["layer.weight"].nnz <= 1.25 * k
     stats = base.compression_stats()
@@ -226,7 +226,7 @@ def test_own_spec_only_refuses_other_codecs_on_the_header(built_pipelines: list[
     """The receiver that assigned a spec takes frames of that spec (written any way that
     parses to it) and refuses any other before its schema or a pipeline for it."""
     update = sample_update()
-    specs = specs_of(update)
+    specs = tensor_specs(update)
     task = UpdateCodec("TOPK:0.050+uniform:8+ef")  # not canonical: the codec's spec is
     assert task.spec == "topk:0.05+uniform:8+ef"
     own = UpdateCodec("topk:0.05+uniform:8+ef", seed=2).encode(update)
@@ -297,7 +297,7 @@ def fp32_tensor(
 def test_expected_model_mismatches() -> None:
     update = sample_update()
     payload = UpdateCodec("topk:0.1").encode(update)
-    expected = specs_of(update)
+    expected = tensor_specs(update)
     missing = dict(expected)
     missing["extra"] = TensorSpec("extra", (3,))
     with pytest.raises(UpdateMismatch, match="not the expected model's"):
@@ -411,7 +411,7 @@ def test_codec_with_specs_writes_digest_frames() -> None:
         "fc.weight": torch.randn(10, 200, generator=g),
         "fc.bias": torch.randn(10, generator=g),
     }
-    specs = specs_of(update)
+    specs = tensor_specs(update)
     sender = UpdateCodec("topk:0.05+uniform:8", seed=1, specs=specs)
     table_sender = UpdateCodec("topk:0.05+uniform:8", seed=1)
     digest_frame, table_frame = sender.encode(update), table_sender.encode(update)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.base import target_count
 from fedsync.compression.errors import SpecError, UnknownCodec
 from fedsync.compression.quantizers.qsgd import QSGDConfig

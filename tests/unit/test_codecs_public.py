@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from fedsync.codec import payload_to_array
 from fedsync.codecs import (
     Codec,
     PayloadError,
@@ -22,6 +21,7 @@ from fedsync.codecs import (
     UpdateMismatch,
     codec_names,
     float_tensors,
+    payload_to_array,
     tensor_specs,
 )
 from fedsync.wire import SchemaRequired

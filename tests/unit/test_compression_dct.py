@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression import (
     CodecMismatch,
     DCTConfig,
@@ -136,7 +136,7 @@ def test_round_trip_matches_an_independent_dct(
     if not ties_possible:
         overlap = np.intersect1d(kept, tensors[0].indices).size / kept.size
         assert overlap > 0.95  # float32 vs float64 may reorder near-equal magnitudes
-    decoded = codec.decode(payload, expected=specs_of({"w": x}))["w"].to_dense()
+    decoded = codec.decode(payload, expected=tensor_specs({"w": x}))["w"].to_dense()
     got_energy = float(((decoded.double() - x.double()) ** 2).sum())
     ref_energy = float(((expected - x.numpy().astype(np.float64)) ** 2).sum())
     # Parseval: the error is exactly the energy of the dropped coefficients.
@@ -152,7 +152,7 @@ def test_sender_and_receiver_agree_through_quantizers(quant: str) -> None:
     old = {n: torch.zeros(t.numel()) for n, t in update.items()}
     for _ in range(3):
         payload = codec.encode(update)
-        decoded = codec.decode(payload, expected=specs_of(update))
+        decoded = codec.decode(payload, expected=tensor_specs(update))
         for name, tensor in update.items():
             memory = codec.state.feedback.residuals[name]
             # m_new = beta * m_old + x - sent, with sent what the receiver decodes

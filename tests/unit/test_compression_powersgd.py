@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
-from fedsync.codec import CodecState, UpdateCodec, specs_of
+from fedsync.codecs import CodecState, UpdateCodec, tensor_specs
 from fedsync.compression import (
     BuildContext,
     CodecMismatch,
@@ -127,7 +127,7 @@ def test_round_trip_types_and_fallback_scheme() -> None:
     update = _model_update()
     codec = UpdateCodec("powersgd:4+uniform:8", seed=3)
     payload = codec.encode(update)
-    decoded = codec.decode(payload, expected=specs_of(update))
+    decoded = codec.decode(payload, expected=tensor_specs(update))
     assert isinstance(decoded["conv.weight"], LowRankTensor)
     assert isinstance(decoded["fc.weight"], LowRankTensor)
     for name in ("conv.bias", "fc.bias", "norm"):
@@ -203,10 +203,10 @@ def test_property_round_trip(
     for _ in range(2):
         before = {k: v.clone() for k, v in codec.state.feedback.residuals.items()}
         payload = codec.encode(update)
-        decoded = codec.decode(payload, expected=specs_of(update))
+        decoded = codec.decode(payload, expected=tensor_specs(update))
         assert len(payload) == codec.compression_stats().payload_bytes
         for name, tensor in update.items():
-            spec_ = specs_of({name: tensor})[name]
+            spec_ = tensor_specs({name: tensor})[name]
             got = decoded[name]
             r = sparsifier.rank_for(spec_)
             assert isinstance(got, LowRankTensor) == bool(r)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression import (
     CodecMismatch,
     NonFiniteInputError,
@@ -271,8 +271,8 @@ def _heavy_tailed() -> dict[str, torch.Tensor]:
 def _round_trip(spec: str, x: torch.Tensor) -> tuple[float, bytes]:
     """Relative L2 error of one encode + decode of ``x``, and the frame."""
     update = {"w": x}
-    payload = UpdateCodec(spec, seed=0, specs=specs_of(update)).encode(update)
-    decoded = UpdateCodec(spec, specs=specs_of(update)).decode(payload, own_spec_only=True)
+    payload = UpdateCodec(spec, seed=0, specs=tensor_specs(update)).encode(update)
+    decoded = UpdateCodec(spec, specs=tensor_specs(update)).decode(payload, own_spec_only=True)
     return float((decoded["w"].to_dense() - x).norm() / x.norm()), payload
 
 
@@ -292,8 +292,8 @@ def test_rotation_cuts_the_error_on_heavy_tails(name: str, bits: int) -> None:
     # Same codes and params; the frame adds the seed and the longer codec name.
     extra = len("none+rht:1024+uniform:4") - len("none+uniform:4")
     assert len(rotated_frame) == len(plain_frame) + 8 + extra
-    (plain_layout,) = inspect_frame(plain_frame, expected=specs_of({"w": x}))[1]
-    (rotated_layout,) = inspect_frame(rotated_frame, expected=specs_of({"w": x}))[1]
+    (plain_layout,) = inspect_frame(plain_frame, expected=tensor_specs({"w": x}))[1]
+    (rotated_layout,) = inspect_frame(rotated_frame, expected=tensor_specs({"w": x}))[1]
     assert rotated_layout == plain_layout
 
 

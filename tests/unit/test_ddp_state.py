@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression import SpecError
 from fedsync.ddp import DeMo, FedsyncHookState, FrameExchangeError, decode_and_average
 from fedsync.ddp.exchange import error_record

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 import torch
 
-import fedsync.codec as codec_module
-from fedsync.codec import UpdateCodec
+import fedsync.codecs as codec_module
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.pipeline import build_pipeline, flatten
 from fedsync.compression.spec import parse_spec
 from fedsync.kernels import dispatch
@@ -293,7 +293,7 @@ def test_error_feedback_subtracts_device_codes_exactly(monkeypatch: pytest.Monke
     update = golden_update(0)
     payload = codec.encode(update)
     residual = codec.state.feedback.residuals["w"]
-    decoded = UpdateCodec().decode(payload, expected=codec_module.specs_of(update))
+    decoded = UpdateCodec().decode(payload, expected=codec_module.tensor_specs(update))
     sent = decoded["w"].to_dense().reshape(-1)
     assert torch.allclose(sent + residual, update["w"].reshape(-1), atol=1e-6, rtol=0)
     assert not torch.equal(residual, torch.zeros_like(residual))

@@ -12,7 +12,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedsync.clientapp.compressed import DOWNLINK_BASE, apply_downlink, apply_shared_downlink
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine
 from fedsync.protocol import DOWNLINK_CODECS, TrainTask

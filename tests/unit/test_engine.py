@@ -1,7 +1,7 @@
 """The aggregation engine on its own: no Grid, no messages, the real codec.
 
 A task is planned, a "device" decodes its downlink, trains (here: moves towards a
-target), encodes its update with the real :class:`~fedsync.codec.UpdateCodec`, and the
+target), encodes its update with the real :class:`~fedsync.codecs.UpdateCodec`, and the
 engine receives the bytes. Each test checks one arrow of
 ``reply -> gate -> weight -> buffer -> step -> version``.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.sparsifiers import dct
 from fedsync.config import RunConfig
 from fedsync.engine import AggregationEngine, InFlight, Rejection, Verdict

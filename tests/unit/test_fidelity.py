@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedsync.clock import FleetSpec
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from fedsync.clientapp import frame_audit
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 
 
 def _record(folder: Path, frame_edit: int | None = None) -> Path:
     gen = torch.Generator().manual_seed(4)
     update = {"w": torch.randn(300, 20, generator=gen), "b": torch.randn(20, generator=gen)}
-    codec = UpdateCodec("dgc:0.05+uniform:8+ef", seed=11, specs=specs_of(update))
+    codec = UpdateCodec("dgc:0.05+uniform:8+ef", seed=11, specs=tensor_specs(update))
     codec.encode(update)  # a residual to start from
     before = codec.to_state()
     frame = codec.encode(update)

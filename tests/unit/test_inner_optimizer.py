@@ -23,7 +23,7 @@ from fedsync.clientapp.inner_state import (
 )
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.data import ArrayDataset
 from fedsync.models import build_model

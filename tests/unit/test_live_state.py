@@ -16,7 +16,7 @@ import torch
 
 import fedsync.clientapp.compressed as compressed
 from fedsync.clientapp.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from tests.unit import test_client_state as client_state
 from tests.unit.test_client_state import fresh_context, task, uplink
 

@@ -28,7 +28,7 @@ from fedsync.clientapp.node_state import (
 )
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import SettingsError
 from tests.unit.test_client_state import (  # the same node, task and reply helpers
     RUN_CONFIG,

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.compression.pruning import magnitude_masks, mask_digest, masked_spec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight

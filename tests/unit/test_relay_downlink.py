@@ -27,7 +27,7 @@ from fedsync.clientapp.compressed import (
     keep_sent_uplink,
 )
 from fedsync.clientapp.node_state import node_state
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.models.initial import state_digest

@@ -28,7 +28,7 @@ from fedsync.clientapp.compressed import (
 )
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
 from fedsync.serverapp.run import AsyncResult

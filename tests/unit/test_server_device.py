@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fedsync.aggregation.placement import misplaced, tensor_devices
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
 from fedsync.reports import RunRecorder

@@ -2,7 +2,7 @@
 
 The server side is :class:`fedsync.aggregation.shared_downlink.SharedDownlink`, the
 device side the ClientApp's own :func:`fedsync.clientapp.compressed.apply_shared_downlink`
-on a Flower ``Context``; payloads are real frames of :class:`fedsync.codec.UpdateCodec`
+on a Flower ``Context``; payloads are real frames of :class:`fedsync.codecs.UpdateCodec`
 (lossy ones: top-k and 8-bit uniform) inside :mod:`fedsync.wire.shared`'s container.
 Equality is bit for bit (``torch.equal``) throughout.
 """

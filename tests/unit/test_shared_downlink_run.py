@@ -38,7 +38,7 @@ from fedsync.clientapp.compressed import (
 )
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask

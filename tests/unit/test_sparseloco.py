@@ -11,7 +11,7 @@ import torch
 
 from fedsync.aggregation import validate_update
 from fedsync.aggregation.buffer import UpdateBuffer
-from fedsync.codec import UpdateCodec, specs_of
+from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression import SpecError, parse_spec
 from fedsync.compression.config import BuildContext
 from fedsync.compression.sparsifiers.chunked import block_shape
@@ -118,7 +118,7 @@ def test_a_sparseloco_round_is_the_selector_mean_of_what_the_sites_sent() -> Non
         {"w": torch.randn(8, 8, generator=g), "b": torch.randn(8, generator=g)} for _ in range(3)
     ]
     spec = "chunktopk:4,block=4+binmean:2+demo:0.95"
-    specs = specs_of(deltas[0])
+    specs = tensor_specs(deltas[0])
     buffer = UpdateBuffer(specs, capacity=3, normalization="selected")
     decoded = []
     for site, delta in enumerate(deltas):

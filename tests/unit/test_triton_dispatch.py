@@ -171,7 +171,7 @@ SPECS = [
 
 
 def _frames(spec: str) -> list[bytes]:
-    from fedsync.codec import UpdateCodec
+    from fedsync.codecs import UpdateCodec
 
     codec = UpdateCodec(spec, seed=11)
     return [codec.encode(_update(step)) for step in range(2)]

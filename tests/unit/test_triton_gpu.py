@@ -45,7 +45,7 @@ def test_compiled_kernels_match_the_cpu_bit_for_bit() -> None:
 def test_codec_on_cuda_gives_the_cpu_bytes() -> None:
     code = """
 import torch
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.kernels import dispatch
 import fedsync.kernels.triton as kt
 assert kt.install()
@@ -78,7 +78,7 @@ import torch
 from fedsync.kernels import dispatch
 from fedsync.aggregation.buffer import UpdateBuffer
 from fedsync.aggregation.validation import validate_update
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.updates import TensorSpec
 x = torch.randn(1_000_003, device="cuda")
 assert dispatch.backend_for(x).name == "triton", dispatch.backend_for(x).name

@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.updates import (
     CompressedTensor,
     IndexMode,
