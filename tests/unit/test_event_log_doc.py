@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 
 import fedsync.serverapp.loop as async_run
 from fedsync import protocol
-from fedsync.codec import UpdateCodec
+from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.protocol import TrainTask
 from fedsync.reports import RunRecorder, read_events
