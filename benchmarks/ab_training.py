@@ -43,7 +43,7 @@ from fedsync.data.types import ArrayDataset
 from fedsync.factored import SIDES, Side, factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models import build_model
 from fedsync.models.training import train
-from fedsync.task import model_state
+from fedsync.recipe import model_state
 from fedsync.updates import TensorSpec
 
 OUT = Path(__file__).resolve().parent / "results" / "ab_training.json"

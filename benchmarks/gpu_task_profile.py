@@ -45,8 +45,8 @@ from fedsync.clientapp.compressed import uplink_delta
 from fedsync.clients.runtime import ClientRuntime, LocalTraining
 from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
+from fedsync.recipe import model_for, model_state
 from fedsync.reports.provenance import provenance
-from fedsync.task import model_for, model_state
 from fedsync.updates import TensorSpec
 
 PHASES = ("data", "model", "train", "delta", "encode")

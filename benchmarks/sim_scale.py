@@ -88,8 +88,8 @@ from fedsync.config import RunConfig
 from fedsync.deploy import DeploymentError, LocalSuperLink
 from fedsync.deploy.ray_cluster import LocalRayCluster, RayNodeSpec
 from fedsync.models.registry import build_model
+from fedsync.recipe import model_for, model_state
 from fedsync.reports.provenance import git_commit, provenance
-from fedsync.task import model_for, model_state
 from fedsync.updates import densify
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,8 @@ from fedsync.data import ArrayDataset
 from fedsync.models.training import InnerOptimizer, LearningRateSchedule
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainTask
+from fedsync.recipe import client_data, model_for
 from fedsync.records import get_float, get_int
-from fedsync.task import client_data, model_for
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def tensor_specs(state: Mapping[str, torch.Tensor | TensorSpec]) -> dict[str, Te
     The one place a model's specs are made: what an :class:`~fedsync.codecs.UpdateCodec`
     is given as ``specs=`` and checks frames against (``decode(expected=)``). Nothing is
     left out: a codec compresses floating-point tensors only, so give it those (the
-    engine's trained tensors, :func:`fedsync.task.model_state`), or let
+    engine's trained tensors, :func:`fedsync.recipe.model_state`), or let
     :class:`~fedsync.codecs.Codec` pick them (:func:`~fedsync.codecs.float_tensors`).
 
     Parameters

@@ -2,7 +2,7 @@
 sends: the real frames, decoded as the server decodes them.
 
 The loop is a synchronous stand-in for a run, built from the pieces a run uses: the
-model and data of :mod:`fedsync.task` (same settings, same seeded partitions), local
+model and data of :mod:`fedsync.recipe` (same settings, same seeded partitions), local
 training with :func:`fedsync.models.training.train` and the run's local settings,
 and per client one :class:`~fedsync.codecs.UpdateCodec` with its own sender memory
 (error feedback carries over from task to task, as on a device). In each round every
@@ -25,8 +25,8 @@ from fedsync.aggregation import UpdateBuffer, validate_update
 from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.models.training import InnerOptimizer, evaluate, train
+from fedsync.recipe import client_data, dataset_for, model_for, model_state
 from fedsync.strategies import STRATEGIES, Strategy
-from fedsync.task import client_data, dataset_for, model_for, model_state
 from fedsync.updates import TensorSpec
 from fedsync.wire import TensorLayout, inspect_frame
 from fedsync.wire.index_coding import IndexPlan

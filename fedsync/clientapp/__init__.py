@@ -55,7 +55,7 @@ from fedsync.compat import in_simulation_engine
 from fedsync.config import node_partition
 from fedsync.models.training import InnerOptimizer
 from fedsync.protocol import NodeProfile, TrainReply, TrainTask
-from fedsync.task import model_state
+from fedsync.recipe import model_state
 from fedsync.updates import TensorSpec, tensor_specs
 
 __all__ = ["Task", "probe_reply", "receive"]

@@ -10,7 +10,7 @@ import torch
 
 from fedsync.config import TrainingSection, resolve_device
 from fedsync.models.training import evaluate as evaluate_model
-from fedsync.task import dataset_for, model_for
+from fedsync.recipe import dataset_for, model_for
 
 
 class CentralEvaluator:

@@ -17,8 +17,8 @@ import torch
 from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.factored import factor_shapes, frozen_specs, uplink_specs
+from fedsync.recipe import model_for, model_state
 from fedsync.reports import read_events
-from fedsync.task import model_for, model_state
 from fedsync.wire import decode_frame
 from tests.integration.conftest import run_simulation
 

@@ -9,8 +9,8 @@ import pytest
 
 from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
+from fedsync.recipe import model_for, model_state
 from fedsync.reports import read_events
-from fedsync.task import model_for, model_state
 from tests.integration.conftest import run_simulation
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

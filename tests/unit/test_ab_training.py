@@ -25,7 +25,7 @@ from fedsync.engine import AggregationEngine, InFlight
 from fedsync.factored import factor_shapes, frozen_specs, split, uplink_specs
 from fedsync.models.training import train as train_model
 from fedsync.protocol import TrainReply, TrainTask
-from fedsync.task import dataset_for, model_for, model_state
+from fedsync.recipe import dataset_for, model_for, model_state
 from fedsync.updates import TensorSpec, tensor_specs
 from fedsync.wire import PayloadError
 from tests.unit.test_client_state import _task_identity

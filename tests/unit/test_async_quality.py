@@ -333,7 +333,7 @@ def test_the_clientapp_trains_at_the_position_its_task_carries() -> None:
     from fedsync import protocol
     from fedsync.clients.app import train_task
     from fedsync.clients.runtime import ClientRuntime
-    from fedsync.task import model_for, model_state
+    from fedsync.recipe import model_for, model_state
     from fedsync.updates import tensor_specs
 
     run_config = {

@@ -12,7 +12,7 @@ from fedsync.config import RunConfig
 from fedsync.data import load_dataset
 from fedsync.models import build_model, default_model_for, evaluate, train
 from fedsync.models.char_transformer import CharTransformer
-from fedsync.task import client_data
+from fedsync.recipe import client_data
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

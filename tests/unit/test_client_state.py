@@ -28,7 +28,7 @@ from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.config import RunConfig
 from fedsync.persist import file_digest, load_arrays, save_arrays
 from fedsync.protocol import TrainTask
-from fedsync.task import model_for, model_state
+from fedsync.recipe import model_for, model_state
 from fedsync.updates import TensorSpec
 
 RUN_CONFIG: dict[str, Any] = {"dataset": "digits", "seed": 0}

@@ -12,6 +12,7 @@ from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.deploy.netns import LinkShape
 from fedsync.deploy.timing import TaskTiming
+from fedsync.recipe import model_for, model_state
 from fedsync.simulations.fidelity import DEFAULT_SCENARIO, main
 from fedsync.simulations.fidelity_setup import Calibration, FidelitySetup
 from fedsync.simulations.scenario import (
@@ -20,7 +21,6 @@ from fedsync.simulations.scenario import (
     load_scenario,
     parse_scenario,
 )
-from fedsync.task import model_for, model_state
 
 
 def _task(index: int, examples: int, compute: float, round_trip: float) -> TaskTiming:

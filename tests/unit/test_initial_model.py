@@ -23,7 +23,7 @@ from fedsync.config import RunConfig
 from fedsync.data import load_dataset
 from fedsync.models import build_model
 from fedsync.models.initial import seeded_model, seeded_state, state_digest
-from fedsync.task import model_for, model_state
+from fedsync.recipe import model_for, model_state
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 1234
@@ -51,7 +51,7 @@ for name, (shape, classes) in models.items():
     out["scoped"][name] = state_digest(
         seeded_state(lambda: build_model(name, classes, shape), seed)
     )
-    torch.manual_seed(seed)  # how fedsync.task.model_for seeds: the global generator
+    torch.manual_seed(seed)  # how fedsync.recipe.model_for seeds: the global generator
     model = build_model(name, classes, shape)
     state = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
     out["global"][name] = state_digest(state)
@@ -85,7 +85,7 @@ def test_the_initial_model_is_bit_identical_across_thread_counts_and_processes()
     one, two = digests_in_fresh_process(1), digests_in_fresh_process(2)
     here = {name: built_here(name) for name in MODELS}
     assert one["scoped"] == two["scoped"] == here
-    # seeding the global generator (fedsync's app: fedsync.task.model_for) builds the same
+    # seeding the global generator (fedsync's app: fedsync.recipe.model_for) builds the same
     assert one["global"] == two["global"] == here
 
 

@@ -30,7 +30,7 @@ from fedsync.models import build_model
 from fedsync.models.training import InnerOptimizer, LearningRateSchedule, train
 from fedsync.persist import load_arrays
 from fedsync.protocol import TrainTask
-from fedsync.task import model_for, model_state
+from fedsync.recipe import model_for, model_state
 from tests.unit.test_async_run import task_identity as task_identity  # autouse: Message()
 
 ADAMW: dict[str, Any] = {

@@ -37,8 +37,8 @@ from fedsync.plugins import (
     is_import_path,
     load_object,
 )
+from fedsync.recipe import client_data, dataset_for, model_for
 from fedsync.simulations.cli import app, parse_run_config
-from fedsync.task import client_data, dataset_for, model_for
 
 PACKAGE = "fedsync_user_app"
 MODULE = f"{PACKAGE}.task"
@@ -312,7 +312,7 @@ def test_another_process_resolves_the_paths_by_import_alone(user_package: Path) 
     script = textwrap.dedent(
         f"""
         from fedsync.config import RunConfig
-        from fedsync.task import dataset_for, model_for
+        from fedsync.recipe import dataset_for, model_for
         settings = RunConfig.from_run_config({{"dataset": {DATASET!r}, "model": {MODEL!r}}})
         splits = dataset_for(settings.training)
         model = model_for(settings.training)

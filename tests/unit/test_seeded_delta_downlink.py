@@ -31,8 +31,8 @@ from fedsync.clients.runtime import ClientRuntime
 from fedsync.codecs import UpdateCodec
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
+from fedsync.recipe import model_state
 from fedsync.serverapp.run import AsyncResult
-from fedsync.task import model_state
 from fedsync.updates import densify
 from tests.unit.test_async_run import of
 from tests.unit.test_shared_downlink_run import (

@@ -42,9 +42,9 @@ from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig
 from fedsync.models.initial import state_digest
 from fedsync.protocol import TrainReply, TrainTask
+from fedsync.recipe import model_state
 from fedsync.reports import RunRecorder, read_events
 from fedsync.serverapp.run import AsyncResult, run_async
-from fedsync.task import model_state
 from fedsync.updates import TensorSpec
 from tests.unit.test_async_run import FakeGrid, make_evaluate, of, targets_for
 

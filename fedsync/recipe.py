@@ -1,4 +1,4 @@
-"""The learning task both apps share: which data, which model, how to train and test.
+"""The recipe both apps share: which data, which model, which state a model sends.
 
 The ClientApp and the ServerApp each build the same model from the same settings; this
 module is where that recipe lives, so the two sides cannot drift apart.
