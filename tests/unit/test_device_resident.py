@@ -37,7 +37,14 @@ from fedsync.kernels import triton as kt
 from fedsync.kernels.bitpack import pack_bits
 from fedsync.updates import densify
 from fedsync.wire import encode_frame
-from tests.unit.frame_golden import GOLDEN, GOLDEN_SPECS, STEPS, digest, golden_update
+from tests.unit.frame_golden import (
+    GOLDEN,
+    GOLDEN_SPECS,
+    STEPS,
+    accepted,
+    digest,
+    golden_update,
+)
 
 WANT: dict[str, list[str]] = json.loads(GOLDEN.read_text())
 
@@ -93,7 +100,7 @@ def _frames(spec: str, device: str = "cpu") -> list[bytes]:
 def test_every_stage_writes_the_golden_frames(spec: str, cpu_backend: str) -> None:
     if cpu_backend == "triton" and spec not in TRITON_SPECS:
         pytest.skip("interpreted Triton: covered by the faster specs")
-    assert digest(_frames(spec)) == WANT[spec]
+    assert digest(_frames(spec)) in accepted(spec)
 
 
 def test_golden_covers_every_registered_stage() -> None:

@@ -113,6 +113,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
     },
 }
 
+MATMUL_DIGESTS = {
+    "fedbuff-powersgd-momentum": (
+        "9235e98a21530622082b9d4fd892a99a6b7ef4ab0a6480cdfdcb4105c08ae21b",
+    ),
+}
+"""The other exact digest of a run whose values come out of a matrix product (PowerSGD):
+torch's CPU matrix products round differently on an AMD EPYC than on the machine that
+wrote :data:`DIGESTS` (``tests/unit/frame_golden.py``, ``MATMUL``)."""
+
 DIGESTS = {
     "teasq-delta": "a9a2bbbc839132aca98b61afa2467f6bd17b6bb5cc13c16efae24dd05baada26",
     "fedbuff-pruned-nesterov": "c157cafbb65065467e21433a446c140addd0e9710a62d89d3529e5debcf363c1",
@@ -214,7 +223,7 @@ def test_cpu_runs_keep_the_bits_of_the_host_only_engine(name: str) -> None:
     engine = build(name)
     digest = drive(engine)
     assert engine.version >= 3, "the schedule must step the model a few times"
-    assert digest == DIGESTS[name]
+    assert digest in (DIGESTS[name], *MATMUL_DIGESTS.get(name, ()))
 
 
 @CUDA
