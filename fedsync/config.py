@@ -1145,24 +1145,29 @@ def declared_keys() -> dict[str, KeyInfo]:
     return keys
 
 
-def check_keys(keys: Iterable[str], *, prefix: str = "") -> None:
+def check_keys(keys: Iterable[str], *, prefix: str = "", owner: str = "") -> None:
     """Raise :class:`SettingsError` for a key that is not declared, naming the closest one.
 
     Parameters
     ----------
     keys : iterable of str
-        Key names, without ``prefix``.
+        Key names, without ``prefix`` (snake_case Python arguments with ``owner``).
     prefix : str
         Where the keys came from in the run config (``"fedsync."``): the message names
         the key and the suggestion as the user wrote them, ``'fedsync.bufer-size'``.
+    owner : str
+        The class whose keyword arguments ``keys`` are (``"TEASQ"``): names and the
+        suggestion are then in snake_case, ``TEASQ() got an unknown argument``.
     """
-    known = declared_keys()
+    known = [name.replace("-", "_") if owner else name for name in declared_keys()]
+    shown = "" if owner else prefix
     for name in keys:
         if name in known:
             continue
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"; did you mean '{prefix}{close[0]}'?" if close else ""
-        raise SettingsError(f"unknown run-config key '{prefix}{name}'{hint}")
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean '{shown}{close[0]}'?" if close else ""
+        what = f"{owner}() got an unknown argument" if owner else "unknown run-config key"
+        raise SettingsError(f"{what} '{shown}{name}'{hint}")
 
 
 # --- devices and nodes --------------------------------------------------------------------------

@@ -653,25 +653,19 @@ def index_simulation_deliveries() -> bool:
     vce_api = sys.modules.get(SIMULATION_ENGINE)
     if vce_api is None or not callable(getattr(vce_api, "add_messages_to_queue", None)):
         return False
-    if os.environ.get(ENGINE_PATCH_VARIABLE, "1").strip() == "0":
-        if not getattr(vce_api, "fedsync_announced", False):
-            vce_api.fedsync_announced = True  # type: ignore[attr-defined]
-            log(
-                INFO,
-                "[fedsync] %s=0: Flower's simulation engine runs unchanged (each round "
-                "scans its message store once per node; one ClientApp load per message)",
-                ENGINE_PATCH_VARIABLE,
-            )
-        return False
+    patch = os.environ.get(ENGINE_PATCH_VARIABLE, "1").strip() != "0"
     if not getattr(vce_api, "fedsync_announced", False):
         vce_api.fedsync_announced = True  # type: ignore[attr-defined]
-        log(
-            INFO,
-            "[fedsync] Flower's simulation engine: messages delivered in one pass per "
-            "round, one ClientApp object per worker (fedsync.compat.flower139, section 6); "
-            "%s=0 keeps Flower's own",
-            ENGINE_PATCH_VARIABLE,
+        said = (
+            "messages delivered in one pass per round, one ClientApp object per worker "
+            "(fedsync.compat.flower139, section 6); %s=0 keeps Flower's own"
+            if patch
+            else "%s=0: as Flower ships it (each round scans its message store once per "
+            "node; one ClientApp load per message)"
         )
+        log(INFO, "[fedsync] Flower's simulation engine: " + said, ENGINE_PATCH_VARIABLE)
+    if not patch:
+        return False
     vce_api.add_messages_to_queue = _indexed_add_messages_to_queue  # type: ignore[attr-defined]
     run_api = getattr(vce_api, "run_api", None)
     if callable(run_api) and not hasattr(run_api, "fedsync_wraps"):

@@ -223,19 +223,20 @@ def start_strategy(
                 else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="fedsync-")))
             )
             recorder = RunRecorder(folder, run_name)
-        _announce(strategy, config, recorder.folder if (results_dir or not owned) else None)
+        kept = recorder.folder if (results_dir or not owned) else None
+        _announce(strategy, config, kept)
         try:
-            result = _run(strategy, grid, config, initial, evaluate_fn, user_config, recorder)
+            # Your own app's run: its summary lists what the run used, not the keys
+            # only fedsync's own app reads.
+            result = _run(
+                strategy, grid, config, initial, evaluate_fn, user_config, recorder, owned
+            )
             if owned:
-                # What the run used: not the keys only fedsync's own app reads.
-                result.summary["config"] = {
-                    k: v for k, v in result.summary["config"].items() if k not in APP_ONLY_KEYS
-                }
                 recorder.write_summary(result.summary)
         finally:
             if owned:
                 recorder.close()
-        result.folder = recorder.folder if (results_dir or not owned) else None
+        result.folder = kept
     failure = result.summary.get("failure")
     if owned and failure:
         # As fedsync's ServerApp does: Flower then marks the run failed (`flwr ls`).
@@ -285,6 +286,7 @@ def _run(
     evaluate_fn: FlowerEvaluateFn | None,
     train_config: Mapping[str, ConfigValue],
     recorder: RunRecorder,
+    library: bool,
 ) -> Result:
     from fedsync.serverapp.checkpoint import check_fits, find_resume, store_for
 
@@ -326,6 +328,9 @@ def _run(
         "folder": str(store.folder) if section.checkpoint_every > 0 else None,
         "resumed_from": str(found[0]) if found is not None else None,
     }
+    if library:
+        used = outcome.result.config
+        outcome.result.config = {k: v for k, v in used.items() if k not in APP_ONLY_KEYS}
     summary = outcome.summary
     summary["wall_seconds"] = round(time.monotonic() - started, 3)
     return Result(

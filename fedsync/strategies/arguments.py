@@ -9,7 +9,6 @@ key.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 from fedsync.aggregation.schedule import CompressionSchedule
 from fedsync.aggregation.staleness import StalenessFunction
-from fedsync.config import ConfigValue, RunConfig, SettingsError, declared_keys
+from fedsync.config import ConfigValue, RunConfig, SettingsError, check_keys
 
 __all__ = ["LIBRARY_DEFAULTS", "as_staleness", "run_config_of"]
 
@@ -49,17 +48,12 @@ def run_config_of(owner: str, strategy: str, arguments: Mapping[str, Any]) -> Ru
         named as the Python argument.
     """
     values: dict[str, Any] = dict(LIBRARY_DEFAULTS)
-    known = {_argument(name) for name in declared_keys()}
+    if "strategy" in arguments:
+        raise SettingsError(
+            f"{owner} runs strategy {strategy!r}; pick another class instead of passing strategy="
+        )
+    check_keys(arguments, owner=owner)
     for name, value in arguments.items():
-        if name == "strategy":
-            raise SettingsError(
-                f"{owner} runs strategy {strategy!r}; pick another class instead of "
-                "passing strategy="
-            )
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise SettingsError(f"{owner}() got an unknown argument {name!r}{hint}")
         key_name = name.replace("_", "-")
         if name == "max_staleness" and value is None:
             values[key_name] = -1

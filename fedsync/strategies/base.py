@@ -202,21 +202,21 @@ class Strategy:
         config = run_config_of(type(self).__name__, self.name, arguments)
         staleness_function = None if isinstance(staleness, str) else as_staleness(staleness)
         optimizer = None if isinstance(server_optimizer, str) else server_optimizer
-        self._bind(config, staleness_function, optimizer)
-        self.results_dir: Path | None = None if results_dir is None else Path(results_dir)
-        """Where :meth:`start` writes its reports unless told another folder."""
+        self._bind(config, staleness_function, optimizer, results_dir)
 
     def _bind(
         self,
         config: RunConfig,
         staleness_function: StalenessFunction | None = None,
         optimizer: ServerOptimizer | None = None,
+        results_dir: str | Path | None = None,
     ) -> None:
         self.config = config
         """Every setting, typed and checked (what checkpoints and summaries record)."""
         self.optimizer = optimizer
         """A server optimizer object given in place of the ``server-optimizer`` name."""
-        self.results_dir = None
+        self.results_dir = None if results_dir is None else Path(results_dir)
+        """Where :meth:`start` writes its reports unless told another folder."""
         settings = config.asynchronous
         self.staleness: StalenessFunction = staleness_function or parse_staleness(
             settings.staleness

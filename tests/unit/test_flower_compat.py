@@ -549,8 +549,11 @@ def test_simulation_deliveries_match_flowers_choice(monkeypatch: pytest.MonkeyPa
     from fedsync.compat import SIMULATION_ENGINE, in_simulation_engine
 
     assert vce_api.__name__ == SIMULATION_ENGINE and in_simulation_engine()
-    # run_api starts its delivery thread with the module's add_messages_to_queue
-    assert "target=add_messages_to_queue" in inspect.getsource(vce_api.run_api)
+    # Flower's run_api (under fedsync's wrapper, if an earlier import of
+    # fedsync.clientapp installed it) starts its delivery thread with the module's
+    # add_messages_to_queue
+    flowers = getattr(vce_api.run_api, "fedsync_wraps", vce_api.run_api)
+    assert "target=add_messages_to_queue" in inspect.getsource(flowers)
 
     def scenario() -> tuple[Any, dict[int, int], list[str]]:
         state, grid, mapping = _simulation_state(5, monkeypatch)
