@@ -138,14 +138,18 @@ def setting(item: str) -> tuple[str, Any]:
 
 
 def node_state_files(folder: Path) -> dict[str, Any]:
-    """What ``node-state = "disk"`` left under ``folder``: files, bytes, nodes."""
+    """What ``node-state = "disk"`` left under ``folder`` (its ``state-dir``): files,
+    bytes, nodes (scratch files ``<job>/n<node>-<kind>.npz`` name the node, the
+    crash-safe ``codec-<job>-p<partition>.npz`` its partition)."""
     files = [path for path in folder.rglob("*.npz") if path.is_file()]
     sizes = [path.stat().st_size for path in files]
+    scratch = {path.name.split("-", 1)[0] for path in files if path.parent != folder}
+    durable = {path.stem.rsplit("-", 1)[-1] for path in files if path.parent == folder}
     return {
         "files": len(files),
         "bytes": sum(sizes),
         "largest_file_bytes": max(sizes, default=0),
-        "nodes": len({path.name.split("-", 1)[0] for path in files}),
+        "nodes": max(len(scratch), len(durable)),
     }
 
 
@@ -552,9 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = run_config(args, results_dir)
     state_dir: Path | None = None
     if config.get("node-state") == "disk":
-        if not config.get("node-state-dir"):
-            config["node-state-dir"] = str(run_dir / "node-state")
-        state_dir = Path(str(config["node-state-dir"]))
+        if not config.get("state-dir"):
+            config["state-dir"] = str(run_dir / "node-state")
+        state_dir = Path(str(config["state-dir"]))
     # A model or dataset named by import path (benchmarks.models:mlp_11m) must import in
     # the ServerApp and every Ray actor: they inherit this environment.
     paths = [str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]

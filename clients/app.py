@@ -4,7 +4,7 @@ The same code serves Flower's simulation engine and a deployed SuperNode: the no
 partition (``partition-id``, ``num-partitions``) and its torch device (``device``) come
 from the node config, everything else from the run config. Optional node config:
 ``state-dir`` keeps the codec's error-feedback state on disk across SuperNode restarts
-(:mod:`fedsync.clientapp.state_store`); ``fault`` / ``fault-rate`` make the node send corrupt
+(:mod:`fedsync.clientapp.node_store`); ``fault`` / ``fault-rate`` make the node send corrupt
 updates, for testing deployments only (:mod:`fedsync.clientapp.faults`); ``timing-log``
 appends each message's phase times to a JSONL file (:mod:`fedsync.clients.timing`).
 

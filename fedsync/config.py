@@ -55,6 +55,7 @@ MAX_AB_RANK = 1024
 
 __all__ = [
     "APP_ONLY_KEYS",
+    "RENAMED_KEYS",
     "AsyncSection",
     "CheckpointSection",
     "ClockSection",
@@ -73,6 +74,7 @@ __all__ = [
     "check_keys",
     "declared_keys",
     "node_partition",
+    "renamed_key",
     "resolve_device",
 ]
 
@@ -914,8 +916,8 @@ NODE_STATE_BACKENDS = ("context", "disk")
 
 @dataclass(frozen=True)
 class NodeSection(Section):
-    """Where a node keeps its per-node arrays (:mod:`fedsync.clientapp.node_state`); a
-    node's node config may set the same keys, and wins."""
+    """What a node keeps between tasks, and where (:mod:`fedsync.clientapp.node_store`);
+    a node's node config may set the same keys, and wins."""
 
     title: ClassVar[str] = "per-node state"
 
@@ -923,14 +925,17 @@ class NodeSection(Section):
         "context",
         "where a node keeps its error-feedback residual, last decoded model, pruning masks "
         "and inner optimizer between tasks: `context` (Flower's `context.state`: in a "
-        "simulation, the simulation process's memory) / `disk` (files under "
-        "`node-state-dir`; the context keeps a token: memory bounded by the nodes "
+        "simulation, the simulation process's memory) / `disk` (one file per node and "
+        "kind, under `state-dir`; the context keeps a token: memory bounded by the nodes "
         "training at once)",
     )
-    node_state_dir: str = key(
+    state_dir: str = key(
         "",
-        'folder of `node-state = "disk"`; empty: `fedsync-node-state` in the system\'s '
-        "temporary folder",
+        "the node's folder: named, its codec memory and inner optimizer are kept there "
+        "crash-safe after every task and read back by a restarted node (usually node "
+        'config); `node-state = "disk"` files go there too. Empty: nothing survives a '
+        "restart, and disk files go to `fedsync-node-state` in the system's temporary "
+        "folder",
     )
 
     def __post_init__(self) -> None:
@@ -1145,6 +1150,18 @@ def declared_keys() -> dict[str, KeyInfo]:
     return keys
 
 
+RENAMED_KEYS: Mapping[str, str] = {"node-state-dir": "state-dir"}
+"""Keys an earlier fedsync read, by the key that took their place."""
+
+
+def renamed_key(name: str, *, prefix: str = "") -> SettingsError:
+    """The error for a key by its old name (:data:`RENAMED_KEYS`)."""
+    return SettingsError(
+        f"run-config key '{prefix}{name}' is now '{prefix}{RENAMED_KEYS[name]}' "
+        "(docs/operations.md)"
+    )
+
+
 def check_keys(keys: Iterable[str], *, prefix: str = "", owner: str = "") -> None:
     """Raise :class:`SettingsError` for a key that is not declared, naming the closest one.
 
@@ -1164,6 +1181,8 @@ def check_keys(keys: Iterable[str], *, prefix: str = "", owner: str = "") -> Non
     for name in keys:
         if name in known:
             continue
+        if name in RENAMED_KEYS and not owner:
+            raise renamed_key(name, prefix=prefix)
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean '{shown}{close[0]}'?" if close else ""
         what = f"{owner}() got an unknown argument" if owner else "unknown run-config key"

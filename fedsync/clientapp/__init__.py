@@ -49,8 +49,7 @@ from fedsync.clientapp.compressed import (
     pruning_masks,
     uplink_delta,
 )
-from fedsync.clientapp.inner_state import keep_inner_optimizer, restore_inner_optimizer
-from fedsync.clientapp.node_state import NodeState, node_state
+from fedsync.clientapp.node_store import INNER_OPTIMIZER, NodeStore
 from fedsync.compat import in_simulation_engine
 from fedsync.config import node_partition
 from fedsync.models.training import InnerOptimizer
@@ -106,7 +105,7 @@ class Task:
     _factored: FactoredModel | None = field(default=None, repr=False)
     _hooks: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list, repr=False)
     _received_at: float = field(default_factory=time.perf_counter, repr=False)
-    _state: NodeState | None = field(default=None, repr=False)
+    _store: NodeStore | None = field(default=None, repr=False)
 
     @property
     def version(self) -> int:
@@ -138,25 +137,32 @@ class Task:
         :meth:`~fedsync.models.training.InnerOptimizer.load_into`, keep it with
         :meth:`~fedsync.models.training.InnerOptimizer.save_from` after training, and
         pass it to :meth:`reply`. fedsync's own loop takes it as ``train(inner=...)``.
-        It lives in ``context.state``, and with node config ``state-dir`` on disk too
-        (:mod:`fedsync.clientapp.inner_state`). ``keep_moments=False`` keeps the step
-        count only (a schedule across tasks, fresh moments each task).
+        It lives in the node's :attr:`store` (``context.state``, and with ``state-dir``
+        crash-safe on disk too, so a restarted node continues it; a dense Flower task
+        names no job, and its optimizer stays in ``context.state`` only). An optimizer
+        of another model is left to :meth:`~fedsync.models.training.InnerOptimizer.load_into`
+        to refuse. ``keep_moments=False`` keeps the step count only (a schedule across
+        tasks, fresh moments each task).
         """
-        return restore_inner_optimizer(
-            self.context,
-            job=self._job,
-            partition_id=_partition_id(self.context),
-            keep_moments=keep_moments,
-            state=self.node_state,
-        )
+        arrays = self.store.get(INNER_OPTIMIZER)
+        if arrays is None:
+            return InnerOptimizer()
+        return InnerOptimizer.from_arrays(arrays, keep_moments=keep_moments)
 
     @property
-    def node_state(self) -> NodeState:
-        """Where this node keeps its arrays between tasks (run or node config
-        ``node-state``: :mod:`fedsync.clientapp.node_state`)."""
-        if self._state is None:
-            self._state = node_state(self.context, job=self._job)
-        return self._state
+    def store(self) -> NodeStore:
+        """Everything this node keeps between tasks (run or node config ``node-state``
+        and ``state-dir``: :class:`~fedsync.clientapp.node_store.NodeStore`)."""
+        if self._store is None:
+            self._store = NodeStore.of(self.context, job=self._job)
+        return self._store
+
+    @property
+    def _task_name(self) -> str:
+        """``v<version>/<task seed>``: names the task in a crash-safe file's header."""
+        if self.compressed is None:
+            return ""
+        return f"v{self.compressed.version}/{self.compressed.task_seed}"
 
     @property
     def _job(self) -> str:
@@ -203,13 +209,7 @@ class Task:
         values[protocol.NUM_EXAMPLES] = int(num_examples)
         values[protocol.COMPUTE_SECONDS] = time.perf_counter() - self._received_at
         if inner is not None:
-            keep_inner_optimizer(
-                inner,
-                self.context,
-                job=self._job,
-                partition_id=_partition_id(self.context),
-                state=self.node_state,
-            )
+            self.store.put(INNER_OPTIMIZER, inner.to_arrays(), task=self._task_name)
         if self.compressed is None:
             state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
             record = MetricRecord(cast(dict[str, Any], values))
@@ -222,9 +222,9 @@ class Task:
             delta,
             self.compressed,
             self.context,
-            partition_id=_partition_id(self.context),
+            partition_id=self.store.partition_id,
             masks=self._masks,
-            state=self.node_state,
+            store=self.store,
         )
         values[protocol.UPLINK_BYTES] = len(uplink)
         reply = TrainReply(uplink, {k: float(v) for k, v in values.items()})
@@ -286,10 +286,10 @@ def receive(
             model.to(device)
         return Task(msg, context, model, model, config)
     task = TrainTask.from_record(content, run_id=context.run_id)
-    state = node_state(context, job=task.job)
+    store = NodeStore.of(context, job=task.job)
     given = model_state(model)
     specs = tensor_specs(given)
-    masks = pruning_masks(task, specs, context, state)
+    masks = pruning_masks(task, specs, context, store)
     # The model as given, before any load: the seeded version 0 when built so.
     initial = given if task.initial_digest else None
     if task.downlink_kind == "relay":
@@ -300,7 +300,7 @@ def receive(
             version=task.version,
             initial_digest=task.initial_digest,
             initial=initial,
-            state=state,
+            store=store,
         )
     elif task.downlink_kind == "shared":
         start = apply_shared_downlink(
@@ -311,7 +311,7 @@ def receive(
             initial_digest=task.initial_digest,
             initial=initial,
             masks=masks,
-            state=state,
+            store=store,
             codecs=task.downlink_codecs,
         )
     else:
@@ -324,7 +324,7 @@ def receive(
             masks=masks,
             initial_digest=task.initial_digest,
             initial=initial,
-            state=state,
+            store=store,
             codecs=task.downlink_codecs,
         )
     model.load_state_dict(start, strict=False)
@@ -349,7 +349,7 @@ def receive(
         _masks=masks,
         _factored=factored,
         _hooks=hold_pruned_at_zero(model, masks),
-        _state=state,
+        _store=store,
     )
 
 
@@ -372,11 +372,3 @@ def probe_reply(msg: Message, context: Context, *, device: str | None = None) ->
         device_class=str(node.get(protocol.DEVICE_CLASS, "")),
     )
     return Message(content=profile.to_record(), reply_to=msg)
-
-
-def _partition_id(context: Context) -> int:
-    """The node's ``partition-id`` (seeds its codec); the node id when it has none."""
-    try:
-        return node_partition(context.node_config)[0]
-    except ValueError:  # SettingsError, or a value that is not a number
-        return context.node_id % (1 << 31)

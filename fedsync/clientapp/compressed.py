@@ -11,9 +11,9 @@ The uplink is ``local model - start model``, compressed with the task's codec sp
 density and bit width may change from task to task); the codec's sender memory (error
 feedback residual, step counter) lives in ``context.state`` too, so the update mass a
 task did not send goes out with a later one. A restarted SuperNode has an empty
-``context.state``; with node config ``state-dir`` the memory is also kept on disk and
-picked up from there (:mod:`fedsync.clientapp.state_store`). Node config ``fault`` turns the node
-into a faulty one for deployment tests (:mod:`fedsync.clientapp.faults`).
+``context.state``; with ``state-dir`` the memory is also kept crash-safe on disk and
+picked up from there (:mod:`fedsync.clientapp.node_store`). Node config ``fault`` turns
+the node into a faulty one for deployment tests (:mod:`fedsync.clientapp.faults`).
 
 A ``relay`` downlink (:mod:`fedsync.aggregation.relay_downlink`) is the server's
 aggregations since the version this node holds, which the node replays on its model and
@@ -39,9 +39,9 @@ hold (restarted) or holds other masks than the task names refuses the task with
 :class:`PruningMaskError`: the server then sends the masks again with the next one.
 
 Where this module says ``context.state`` for arrays (the codec's memory, the decoded
-model, the masks), run config ``node-state = "disk"`` puts them in files instead and
-keeps a token in ``context.state`` (:mod:`fedsync.clientapp.node_state`): what a
-simulation of many nodes needs when the model is large.
+model, the masks), it means the node's :class:`~fedsync.clientapp.node_store.NodeStore`:
+``context.state``, or with ``node-state = "disk"`` files and a token in
+``context.state``, what a simulation of many nodes needs when the model is large.
 
 In an AB-Training run (``ab-rank``) every task also names the factor it trains and
 brings the frozen other one (:mod:`fedsync.clientapp.ab_training`); the update is then the
@@ -62,9 +62,7 @@ from fedsync.clientapp.ab_training import FactoredModel
 from fedsync.clientapp.faults import FaultInjector
 from fedsync.clientapp.frame_audit import audit_folder, safe_name
 from fedsync.clientapp.frame_audit import record as record_frame
-from fedsync.clientapp.live_state import LIVE, keeps_live_state
-from fedsync.clientapp.node_state import NodeState, node_state
-from fedsync.clientapp.state_store import CodecStateStore
+from fedsync.clientapp.node_store import CODEC_STATE, NodeStore, keeps_live_state
 from fedsync.codecs import UpdateCodec, tensor_specs
 from fedsync.compression.pruning import mask_digest
 from fedsync.compression.sparsifiers.mask import MaskConfig
@@ -77,22 +75,20 @@ from fedsync.wire import UnexpectedCodec
 from fedsync.wire.mask import decode_masks
 from fedsync.wire.shared import advance, decode_shared
 
-CODEC_STATE = "fedsync-codec-state"
-"""Node state kind: the uplink codec's sender memory (residuals, step)."""
 DOWNLINK_BASE = "fedsync-downlink-base"
-"""Node state kind: the model this node decoded from its last downlink."""
+"""Node store kind: the model this node decoded from its last downlink."""
 FAULT_COUNTER = "fedsync-faults"
 """``context.state`` record: compressed tasks seen, to cycle injected fault kinds."""
 PRUNING_MASK = "fedsync-pruning-mask"
-"""Node state kind: the pruning-mask frame this node was sent (a pruned run)."""
+"""Node store kind: the pruning-mask frame this node was sent (a pruned run)."""
 DOWNLINK_VERSION = "fedsync-downlink-version"
 """``context.state`` record: the shared downlink's ``epoch`` and ``version`` of the model
 kept in :data:`DOWNLINK_BASE`."""
 RELAY_OPTIMIZER = "fedsync-relay-optimizer"
-"""Node state kind: a relay downlink's copy of the server optimizer's buffers, by
+"""Node store kind: a relay downlink's copy of the server optimizer's buffers, by
 ``"<slot>:<tensor position>"``."""
 RELAY_SENT = "fedsync-relay-sent"
-"""Node state kind: the uplink frames this node sent in a relay run (the last
+"""Node store kind: the uplink frames this node sent in a relay run (the last
 :data:`RELAY_SENT_KEPT`), by ``"<order>-<digest hex>"``: a relay frame names them by
 digest instead of sending them back."""
 RELAY_SENT_KEPT = 8
@@ -165,14 +161,13 @@ def encode_uplink(
     *,
     partition_id: int,
     masks: Masks | None = None,
-    state: NodeState | None = None,
+    store: NodeStore | None = None,
 ) -> bytes:
     """Compress ``delta`` with this node's error-feedback memory and keep the memory.
 
-    The memory is kept in ``state`` (default: the backend ``node-state`` selects,
-    :mod:`fedsync.clientapp.node_state`). The codec's random choices are seeded by the
-    run's seed and ``partition_id``; node
-    config ``state-dir`` keeps the memory on disk too (:mod:`fedsync.clientapp.state_store`),
+    The memory is kept in ``store`` (default: the store the node's settings select,
+    :class:`~fedsync.clientapp.node_store.NodeStore`; ``state-dir`` keeps it crash-safe
+    too). The codec's random choices are seeded by the run's seed and ``partition_id``;
     node config ``fault`` corrupts the frame (deployment tests,
     :mod:`fedsync.clientapp.faults`). With ``FEDSYNC_FRAME_AUDIT`` set, each encode's inputs
     and frame are recorded for replay on another device (:mod:`fedsync.clientapp.frame_audit`).
@@ -185,16 +180,15 @@ def encode_uplink(
         specs=specs,
         masks=masks,
     )
-    node_config = context.node_config
-    held = state if state is not None else node_state(context, job=task.job)
-    store = CodecStateStore.from_node_config(node_config, job=task.job, partition_id=partition_id)
-    # On an accelerator the residual stays there between tasks (fedsync.clientapp.live_state);
+    held = store if store is not None else NodeStore.of(context, job=task.job)
+    # On an accelerator the residual stays there between tasks (NodeStore.take_live);
     # the saved copy below is still written every task.
     device = next(iter(delta.values())).device
     live = keeps_live_state(device)
-    key = (context.run_id, context.node_id, partition_id, task.job)
-    if not (live and LIVE.take(key, context, codec)):
-        _load_codec_state(codec, held, store, specs)
+    if not (live and held.take_live(codec)):
+        arrays = held.get(CODEC_STATE, specs=specs)
+        if arrays is not None:
+            codec.load_state(arrays)
     audit = audit_folder() if masks is None else None
     before = codec.to_state() if audit is not None else None
     uplink = codec.encode(delta)
@@ -214,26 +208,26 @@ def encode_uplink(
             )
         except (OSError, ValueError) as err:  # a diagnostic: the task goes on without it
             log(WARNING, "[fedsync] frame audit: could not record this encode: %s", err)
-    _save_codec_state(codec, held, store, f"v{task.version}/{task.task_seed}")
+    held.put(CODEC_STATE, codec.to_state(), task=f"v{task.version}/{task.task_seed}")
     if live:
-        LIVE.keep(key, context, codec)
+        held.keep_live(codec)
     sent = _maybe_corrupt(uplink, delta, task, context, masks)
     if task.downlink_kind == "relay":
         keep_sent_uplink(sent, held)
     return sent
 
 
-def keep_sent_uplink(payload: bytes, state: NodeState) -> None:
+def keep_sent_uplink(payload: bytes, store: NodeStore) -> None:
     """Keep an uplink frame this node sends in a relay run: the relay frame that carries
     its aggregation names it by digest (:func:`fedsync.wire.relay.uplink_digest`) instead
     of sending it back. The last :data:`RELAY_SENT_KEPT` are kept, in :data:`RELAY_SENT`.
     """
     from fedsync.wire.relay import uplink_digest
 
-    kept = dict(state.get(RELAY_SENT) or {})
+    kept = dict(store.get(RELAY_SENT) or {})
     order = 1 + max((int(key.partition("-")[0]) for key in kept), default=-1)
     kept[f"{order:012d}-{uplink_digest(payload).hex()}"] = np.frombuffer(payload, np.uint8)
-    state.put(RELAY_SENT, dict(sorted(kept.items())[-RELAY_SENT_KEPT:]))
+    store.put(RELAY_SENT, dict(sorted(kept.items())[-RELAY_SENT_KEPT:]))
 
 
 def _sent_digest(key: str) -> bytes:
@@ -241,9 +235,9 @@ def _sent_digest(key: str) -> bytes:
     return bytes.fromhex(key.partition("-")[2])
 
 
-def _sent_uplinks(state: NodeState) -> dict[bytes, bytes]:
+def _sent_uplinks(store: NodeStore) -> dict[bytes, bytes]:
     """The uplink frames :func:`keep_sent_uplink` kept, by digest."""
-    return {_sent_digest(key): a.tobytes() for key, a in (state.get(RELAY_SENT) or {}).items()}
+    return {_sent_digest(key): a.tobytes() for key, a in (store.get(RELAY_SENT) or {}).items()}
 
 
 def apply_downlink(
@@ -256,13 +250,13 @@ def apply_downlink(
     masks: Masks | None = None,
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
-    state: NodeState | None = None,
+    store: NodeStore | None = None,
     codecs: Sequence[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Decode the downlink into the model to start from; remember it if ``keep_base``.
 
-    The model is remembered in ``state`` (default: the backend ``node-state`` selects,
-    :mod:`fedsync.clientapp.node_state`).
+    The model is remembered in ``store`` (default: the store the node's settings select,
+    :class:`~fedsync.clientapp.node_store.NodeStore`).
 
     ``masks`` are the pruning masks a masked downlink (``mask:digest=...``) needs. A
     delta with ``initial_digest`` (a seeded start: the task is this node's first and the
@@ -273,7 +267,7 @@ def apply_downlink(
     any); a frame of another raises :class:`~fedsync.wire.UnexpectedCodec`, the node's
     state untouched.
     """
-    held = state if state is not None else node_state(context)
+    held = store if store is not None else NodeStore.of(context)
     start = _downlink_start(payload, kind, specs, held, masks, initial_digest, initial, codecs)
     if not keep_base:
         held.drop(DOWNLINK_BASE)
@@ -286,7 +280,7 @@ def _downlink_start(
     payload: bytes,
     kind: str,
     specs: Mapping[str, TensorSpec],
-    state: NodeState,
+    store: NodeStore,
     masks: Masks | None,
     initial_digest: str,
     initial: Mapping[str, torch.Tensor] | None,
@@ -301,7 +295,7 @@ def _downlink_start(
         if not payload:
             return base
     else:
-        base_arrays = state.get(DOWNLINK_BASE)
+        base_arrays = store.get(DOWNLINK_BASE)
         if base_arrays is None or set(base_arrays) != set(specs):
             raise MissingDownlinkBase(
                 "delta downlink but this node holds no base model (restarted?); "
@@ -349,11 +343,11 @@ def apply_shared_downlink(
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
     masks: Masks | None = None,
-    state: NodeState | None = None,
+    store: NodeStore | None = None,
     codecs: Sequence[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Apply a shared downlink (:mod:`fedsync.wire.shared`) and keep the model it gives
-    (in ``state``), with its version (in ``context.state``).
+    (in ``store``), with its version (in ``context.state``).
 
     Parameters
     ----------
@@ -373,9 +367,8 @@ def apply_shared_downlink(
         ``initial_digest``.
     masks : dict of str to torch.Tensor, optional
         The pruning masks a masked frame needs.
-    state : NodeState, optional
-        Where the model is kept (default: the backend ``node-state`` selects,
-        :mod:`fedsync.clientapp.node_state`).
+    store : NodeStore, optional
+        Where the model is kept (default: the store the node's settings select).
     codecs : sequence of str
         The codec the task names for each update frame (its changes in order, or the
         whole model); empty: any.
@@ -395,7 +388,7 @@ def apply_shared_downlink(
 
     On any of them the node's state is left as it was.
     """
-    held_state = state if state is not None else node_state(context)
+    held_store = store if store is not None else NodeStore.of(context)
     frame = decode_shared(payload) if payload else None
     if frame is not None and frame.target != version:
         raise DownlinkVersionMismatch(
@@ -408,7 +401,7 @@ def apply_shared_downlink(
         held = (
             _initial_base(initial_digest, initial, specs)
             if initial_digest
-            else _held_shared_base(context, held_state, specs)
+            else _held_shared_base(context, held_store, specs)
         )
         if held is None:
             raise MissingDownlinkBase(
@@ -427,7 +420,7 @@ def apply_shared_downlink(
             for position, (_, change) in enumerate(frame.links):
                 change_values = _decoded(change, specs, masks, codecs, position, built)
                 start = advance(start, change_values, frame.grid)
-    held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
+    held_store.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in start.items()})
     context.state.config_records[DOWNLINK_VERSION] = ConfigRecord(
         {"epoch": epoch, "version": version}
     )
@@ -442,10 +435,10 @@ def apply_relay_downlink(
     version: int,
     initial_digest: str = "",
     initial: Mapping[str, torch.Tensor] | None = None,
-    state: NodeState | None = None,
+    store: NodeStore | None = None,
 ) -> dict[str, torch.Tensor]:
     """Replay a relay downlink (:mod:`fedsync.wire.relay`) and keep the model and the
-    optimizer copy it gives (in ``state``), with their version (in ``context.state``).
+    optimizer copy it gives (in ``store``), with their version (in ``context.state``).
 
     Parameters
     ----------
@@ -463,9 +456,9 @@ def apply_relay_downlink(
     initial : mapping of str to torch.Tensor, optional
         This node's own initial model (a freshly built, seeded one), used only with
         ``initial_digest``.
-    state : NodeState, optional
-        Where the model and the optimizer copy are kept (default: the backend
-        ``node-state`` selects).
+    store : NodeStore, optional
+        Where the model and the optimizer copy are kept (default: the store the node's
+        settings select).
 
     Raises
     ------
@@ -487,7 +480,7 @@ def apply_relay_downlink(
     from fedsync.aggregation.relay_downlink import frame_optimizer, replay
     from fedsync.wire.relay import decode_relay
 
-    held_state = state if state is not None else node_state(context)
+    held_store = store if store is not None else NodeStore.of(context)
     frame = decode_relay(payload) if payload else None
     if frame is not None and frame.target != version:
         raise DownlinkVersionMismatch(
@@ -498,7 +491,7 @@ def apply_relay_downlink(
         at, start, saved = 0, _initial_base(initial_digest, initial, specs)[2], None
     else:
         record = context.state.config_records.get(RELAY_VERSION)
-        arrays = held_state.get(DOWNLINK_BASE) if record is not None else None
+        arrays = held_store.get(DOWNLINK_BASE) if record is not None else None
         if record is None or arrays is None or set(arrays) != set(specs):
             raise MissingDownlinkBase(
                 "relay downlink but this node holds no model (restarted?); the server must "
@@ -506,7 +499,7 @@ def apply_relay_downlink(
             )
         at = get_int(record, "version", -1)
         start = {name: torch.from_numpy(arrays[name].copy()) for name in specs}
-        kept = held_state.get(RELAY_OPTIMIZER)
+        kept = held_store.get(RELAY_OPTIMIZER)
         if len(kept or {}) != get_int(record, "buffers", 0):
             raise MissingDownlinkBase(
                 "relay downlink but this node lost its copy of the server optimizer; the "
@@ -524,7 +517,7 @@ def apply_relay_downlink(
     used = frame.own if frame is not None else set()
     if used and frame is not None:
         try:
-            frame = frame.with_own(_sent_uplinks(held_state))
+            frame = frame.with_own(_sent_uplinks(held_store))
         except KeyError as err:
             raise MissingDownlinkBase(
                 f"relay downlink names this node's own updates: {err.args[0]}; the server "
@@ -547,11 +540,11 @@ def apply_relay_downlink(
         for slot, tensors in buffers.items()
         for name, tensor in tensors.items()
     }
-    held_state.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in model.items()})
-    held_state.put(RELAY_OPTIMIZER, kept_buffers)
+    held_store.put(DOWNLINK_BASE, {name: tensor.numpy() for name, tensor in model.items()})
+    held_store.put(RELAY_OPTIMIZER, kept_buffers)
     if used:  # named once: the node's own update is in its model now
-        sent = held_state.get(RELAY_SENT) or {}
-        held_state.put(RELAY_SENT, {k: v for k, v in sent.items() if _sent_digest(k) not in used})
+        sent = held_store.get(RELAY_SENT) or {}
+        held_store.put(RELAY_SENT, {k: v for k, v in sent.items() if _sent_digest(k) not in used})
     context.state.config_records[RELAY_VERSION] = ConfigRecord(
         {"version": version, "steps": steps, "buffers": len(kept_buffers)}
     )
@@ -589,11 +582,11 @@ def _initial_base(
 
 
 def _held_shared_base(
-    context: Context, state: NodeState, specs: Mapping[str, TensorSpec]
+    context: Context, store: NodeStore, specs: Mapping[str, TensorSpec]
 ) -> tuple[int, int, dict[str, torch.Tensor]] | None:
     """The shared downlink's model this node holds: ``(epoch, version, tensors)``."""
     config = context.state.config_records.get(DOWNLINK_VERSION)
-    arrays = state.get(DOWNLINK_BASE) if config is not None else None
+    arrays = store.get(DOWNLINK_BASE) if config is not None else None
     if arrays is None or config is None or set(arrays) != set(specs):
         return None
     tensors = {name: torch.from_numpy(arrays[name]) for name in specs}
@@ -604,10 +597,10 @@ def pruning_masks(
     task: TrainTask,
     specs: Mapping[str, TensorSpec],
     context: Context,
-    state: NodeState | None = None,
+    store: NodeStore | None = None,
 ) -> Masks | None:
     """The pruning masks the task's codecs name, keeping any the task delivers (in
-    ``state``; default: the backend ``node-state`` selects).
+    ``store``; default: the store the node's settings select).
 
     Returns ``None`` when the uplink spec names no masks (no cut yet, or not a pruned
     run).
@@ -628,7 +621,7 @@ def pruning_masks(
                 f"pruning masks cut at model version {delivered.version} came with a task "
                 f"of version {task.version}"
             )
-    held = state if state is not None else node_state(context, job=task.job)
+    held = store if store is not None else NodeStore.of(context, job=task.job)
     if task.mask:
         held.put(PRUNING_MASK, {"frame": np.frombuffer(task.mask, dtype=np.uint8).copy()})
     sparsifier = parse_spec(task.uplink_codec).sparsifier
@@ -664,40 +657,6 @@ def hold_pruned_at_zero(
             keep = mask.to(parameter.device, parameter.dtype)
             hooks.append(parameter.register_hook(lambda grad, keep=keep: grad * keep))
     return hooks
-
-
-def _load_codec_state(
-    codec: UpdateCodec,
-    state: NodeState,
-    store: CodecStateStore | None,
-    specs: Mapping[str, TensorSpec],
-) -> None:
-    """Give ``codec`` this node's sender memory: the node's state first, then
-    ``state-dir``."""
-    arrays = state.get(CODEC_STATE)
-    if arrays is not None:  # the fast path: same SuperNode process, same run
-        codec.load_state(arrays)
-        return
-    persisted = store.load(specs) if store is not None else None
-    if persisted is not None:  # a fresh context: a restarted SuperNode or a resumed job
-        codec.load_state(persisted)
-
-
-def _save_codec_state(
-    codec: UpdateCodec, state: NodeState, store: CodecStateStore | None, task: str
-) -> None:
-    """Keep the codec's memory after an encode: ``state-dir`` first, then the node's
-    state.
-
-    ``state-dir`` first: if the write fails the task fails, and the node's state
-    (``context.state`` is kept by Flower even when the ClientApp raises) still holds
-    the memory from before this update, which was then never sent -- consistent either
-    way.
-    """
-    arrays: dict[str, np.ndarray] = codec.to_state()
-    if store is not None:
-        store.save(arrays, task=task)
-    state.put(CODEC_STATE, arrays)
 
 
 def _maybe_corrupt(

@@ -97,6 +97,34 @@ class InnerOptimizer:
         }
         self.steps += steps
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Host arrays of this optimizer, for a node's store: ``"steps"`` and one
+        ``"<parameter index>/<name>"`` per state entry (float32 for a float tensor that
+        is not float64: numpy has no bfloat16, and loading casts back)."""
+        arrays = {"steps": np.asarray([self.steps], dtype=np.int64)}
+        for index, entries in (self.state or {}).items():
+            for name, value in entries.items():
+                held = value.detach().to("cpu")
+                if held.is_floating_point() and held.dtype != torch.float64:
+                    held = held.float()
+                arrays[f"{index}/{name}"] = held.numpy().copy()
+        return arrays
+
+    @classmethod
+    def from_arrays(
+        cls, arrays: Mapping[str, np.ndarray], *, keep_moments: bool = True
+    ) -> InnerOptimizer:
+        """The optimizer :meth:`to_arrays` gave; ``keep_moments=False``: the step count
+        only (a schedule across tasks, fresh moments)."""
+        steps = int(np.asarray(arrays.get("steps", [0])).reshape(-1)[0])
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, array in arrays.items():
+            if key == "steps":
+                continue
+            index, _, name = key.partition("/")
+            state.setdefault(int(index), {})[name] = torch.from_numpy(np.array(array))
+        return cls(state if keep_moments and state else None, steps)
+
     def check_fits(self, params: Sequence[torch.Tensor]) -> None:
         """Raise ``ValueError`` unless :attr:`state` holds tensors of ``params``' shapes."""
         if self.state is None:

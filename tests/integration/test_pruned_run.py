@@ -48,7 +48,7 @@ def test_a_pruned_run_sends_kept_values_only_and_keeps_pruned_weights_zero(
             "prune-sparsity": 0.8,
             "plots": False,
             "node-state": "disk",
-            "node-state-dir": str(tmp_path / "node-state"),
+            "state-dir": str(tmp_path / "node-state"),
         },
         name="pruned",
     )
@@ -85,7 +85,10 @@ def test_a_pruned_run_sends_kept_values_only_and_keeps_pruned_weights_zero(
     assert set(mask_sends.values()) == {1} and len(mask_sends) == 3
     assert prune["mask_bytes"] in {e["mask_bytes"] for e in dispatches.values()}
 
-    # --- every node's arrays went through node-state-dir (one job folder) ---
-    (job,) = (tmp_path / "node-state").iterdir()
-    for kind in ("fedsync-pruning-mask", "fedsync-codec-state", "fedsync-downlink-base"):
+    # --- every node's arrays went through state-dir: the downlink's in one job folder,
+    # the codec memory in its crash-safe file, one per partition ---
+    folder = tmp_path / "node-state"
+    (job,) = (path for path in folder.iterdir() if path.is_dir())
+    for kind in ("fedsync-pruning-mask", "fedsync-downlink-base"):
         assert len(list(job.glob(f"n*-{kind}.npz"))) == 3, kind
+    assert len(list(folder.glob(f"codec-{job.name}-p*.npz"))) == 3

@@ -21,7 +21,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedsync import protocol
 from fedsync.clientapp.compressed import CODEC_STATE
-from fedsync.clientapp.state_store import JOURNAL, CodecStateStore
+from fedsync.clientapp.node_store import JOURNAL, NodeStore
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codecs import UpdateCodec, tensor_specs
@@ -117,7 +117,7 @@ def test_a_restarted_node_sends_exactly_what_it_would_have_sent(
 ) -> None:
     first = uplink(task(1), fresh_context(tmp_path))
     assert first == reference[0]
-    store_file = CodecStateStore(tmp_path, job="job-1", partition_id=1).path
+    store_file = tmp_path / "codec-job-1-p1.npz"
     before_restart = file_digest(store_file)
     arrays, meta = load_arrays(store_file)
     unsent = sum(float(np.square(a).sum()) for k, a in arrays.items() if k.startswith("residual/"))
@@ -152,7 +152,7 @@ def test_context_state_is_the_fast_path(tmp_path: Path, reference: tuple[bytes, 
     context = fresh_context(tmp_path)
     uplink(task(1), context)
     assert CODEC_STATE in context.state.array_records
-    CodecStateStore(tmp_path, job="job-1", partition_id=1).path.write_bytes(b"not read")
+    (tmp_path / "codec-job-1-p1.npz").write_bytes(b"not read")
     assert uplink(task(2), context) == reference[1]
     assert journal(tmp_path) == []  # the file was never read
 
@@ -186,16 +186,24 @@ def state(step: int) -> dict[str, np.ndarray]:
     }
 
 
+def store(folder: Path, *, job: str = "j", partition_id: int = 0) -> NodeStore:
+    """The store of a node with ``state-dir`` = ``folder`` and a fresh context."""
+    context = Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    return NodeStore(context, job=job, partition_id=partition_id, folder=folder)
+
+
 def test_store_round_trip(tmp_path: Path) -> None:
-    store = CodecStateStore(tmp_path / "node", job="a/b c", partition_id=3)
-    assert store.path.name == "codec-a_b_c-p3.npz"
-    assert store.load(SPECS) is None  # nothing yet
-    store.save(state(5), task="v1/9")
-    loaded = store.load(SPECS)
+    saver = store(tmp_path / "node", job="a/b c", partition_id=3)
+    path = saver.durable_path(CODEC_STATE)
+    assert path is not None and path.name == "codec-a_b_c-p3.npz"
+    assert saver.get(CODEC_STATE, specs=SPECS) is None  # nothing yet
+    saver.put(CODEC_STATE, state(5), task="v1/9")
+    loaded = store(tmp_path / "node", job="a/b c", partition_id=3).get(CODEC_STATE, specs=SPECS)
     assert loaded is not None and set(loaded) == set(state(5))
     np.testing.assert_array_equal(loaded["residual/w"], state(5)["residual/w"])
     [entry] = journal(tmp_path / "node")
     assert entry["step"] == 5 and entry["saved_by_task"] == "v1/9" and entry["job"] == "a/b c"
+    assert entry["kind"] == CODEC_STATE
 
 
 @pytest.mark.parametrize(
@@ -225,15 +233,16 @@ def test_store_round_trip(tmp_path: Path) -> None:
 def test_store_ignores_files_that_do_not_fit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, write: Any, why: str
 ) -> None:
-    store = CodecStateStore(tmp_path, job="j", partition_id=0)
-    write(store.path)
-    assert store.load(SPECS) is None
+    reader = store(tmp_path)
+    path = reader.durable_path(CODEC_STATE)
+    assert path is not None
+    write(path)
+    assert reader.get(CODEC_STATE, specs=SPECS) is None
     assert why in caplog.text
     assert journal(tmp_path) == []
 
 
-def test_node_config_without_a_state_dir_keeps_no_files() -> None:
-    assert CodecStateStore.from_node_config({}, job="j", partition_id=0) is None
-    assert CodecStateStore.from_node_config({"state-dir": ""}, job="j", partition_id=0) is None
-    with pytest.raises(ValueError, match="job"):
-        CodecStateStore(Path("."), job="", partition_id=0)
+def test_no_state_dir_or_no_job_keeps_no_files(tmp_path: Path) -> None:
+    assert NodeStore.of(fresh_context(None), job="j").durable_path(CODEC_STATE) is None
+    assert NodeStore.of(fresh_context(None, **{"state-dir": ""}), job="j").folder is None
+    assert store(tmp_path, job="").durable_path(CODEC_STATE) is None  # a dense task

@@ -16,11 +16,7 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 
 from fedsync import protocol
-from fedsync.clientapp.inner_state import (
-    INNER_OPTIMIZER,
-    keep_inner_optimizer,
-    restore_inner_optimizer,
-)
+from fedsync.clientapp.node_store import INNER_OPTIMIZER, NodeStore
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codecs import UpdateCodec
@@ -167,7 +163,7 @@ def test_a_node_keeps_its_optimizer_and_a_restarted_one_reads_it_back(tmp_path: 
     second = uplink(task(2, keep), restarted)
     assert [first, second] == reference  # bit for bit, through the file
     arrays, meta = load_arrays(tmp_path / "optim-job-1-p0.npz")
-    assert meta["steps"] == 8 and int(arrays["steps"][0]) == 8
+    assert meta["step"] == 8 and int(arrays["steps"][0]) == 8
     assert {k.split("/")[1] for k in arrays if "/" in k} == {"step", "exp_avg", "exp_avg_sq"}
 
     reset = {**ADAMW, "client-optimizer-state": "reset"}
@@ -176,21 +172,41 @@ def test_a_node_keeps_its_optimizer_and_a_restarted_one_reads_it_back(tmp_path: 
     assert uplink(task(2, reset), fresh_each_task) != reference[1]
 
 
+def restored(job: str, state_dir: Path, *, keep_moments: bool = True) -> InnerOptimizer:
+    """The inner optimizer a restarted node (a fresh context) reads back for ``job``."""
+    arrays = NodeStore.of(context(ADAMW, state_dir), job=job).get(INNER_OPTIMIZER)
+    if arrays is None:
+        return InnerOptimizer()
+    return InnerOptimizer.from_arrays(arrays, keep_moments=keep_moments)
+
+
 def test_a_persisted_state_of_another_job_is_ignored(tmp_path: Path) -> None:
     inner = InnerOptimizer()
     train(small_model(), data(), epochs=1, optimizer="adamw", inner=inner)
-    keep_inner_optimizer(inner, context(ADAMW, tmp_path), job="job-0", partition_id=0)
+    NodeStore.of(context(ADAMW, tmp_path), job="job-0").put(INNER_OPTIMIZER, inner.to_arrays())
     (tmp_path / "optim-job-0-p0.npz").rename(tmp_path / "optim-job-1-p0.npz")
-    restored = restore_inner_optimizer(context(ADAMW, tmp_path), job="job-1", partition_id=0)
-    assert restored.state is None and restored.steps == 0
+    fresh = restored("job-1", tmp_path)
+    assert fresh.state is None and fresh.steps == 0
 
-    keep_inner_optimizer(inner, context(ADAMW, tmp_path), job="job-1", partition_id=0)
-    restored = restore_inner_optimizer(context(ADAMW, tmp_path), job="job-1", partition_id=0)
-    assert restored.steps == inner.steps and restored.state is not None
-    steps_only = restore_inner_optimizer(
-        context(ADAMW, tmp_path), job="job-1", partition_id=0, keep_moments=False
-    )
+    NodeStore.of(context(ADAMW, tmp_path), job="job-1").put(INNER_OPTIMIZER, inner.to_arrays())
+    again = restored("job-1", tmp_path)
+    assert again.steps == inner.steps and again.state is not None
+    steps_only = restored("job-1", tmp_path, keep_moments=False)
     assert steps_only.state is None and steps_only.steps == inner.steps
+
+
+def test_the_arrays_round_trip_and_a_dense_task_keeps_no_file(tmp_path: Path) -> None:
+    inner = InnerOptimizer()
+    train(small_model(), data(), epochs=1, optimizer="adamw", inner=inner)
+    back = InnerOptimizer.from_arrays(inner.to_arrays())
+    assert back.steps == inner.steps and back.state is not None and inner.state is not None
+    for index, entries in inner.state.items():
+        for name, value in entries.items():
+            assert torch.equal(back.state[index][name], value.float()), (index, name)
+    # A dense Flower task names no job: the optimizer stays in context.state only.
+    ctx = context(ADAMW, tmp_path)
+    NodeStore.of(ctx, job="").put(INNER_OPTIMIZER, inner.to_arrays())
+    assert INNER_OPTIMIZER in ctx.state.array_records and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

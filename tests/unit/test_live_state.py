@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fedsync.clientapp.compressed as compressed
-from fedsync.clientapp.live_state import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
+import fedsync.clientapp.node_store as node_store
+from fedsync.clientapp.node_store import LIVE, LIVE_TOKEN, LiveStates, keeps_live_state
 from fedsync.codecs import UpdateCodec
 from tests.unit import test_client_state as client_state
 from tests.unit.test_client_state import fresh_context, task, uplink
@@ -29,7 +30,7 @@ reference = client_state.reference
 def live_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveStates]:
     states = LiveStates()
     monkeypatch.setattr(compressed, "keeps_live_state", lambda device: True)
-    monkeypatch.setattr(compressed, "LIVE", states)
+    monkeypatch.setattr(node_store, "LIVE", states)
     yield states
 
 
@@ -100,7 +101,7 @@ def test_at_most_limit_states_are_kept() -> None:
 def test_cuda_node_keeps_its_residual_on_the_device(reference: tuple[bytes, bytes]) -> None:
     states = LiveStates()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compressed, "LIVE", states)
+        patch.setattr(node_store, "LIVE", states)
         context = fresh_context(None, device="cuda")
         uplink(task(1), context)
         first = _residuals(states)

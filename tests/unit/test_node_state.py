@@ -1,4 +1,4 @@
-"""Per-node arrays in files (``node-state = "disk"``) behave as in ``context.state``.
+"""One node store: arrays in files (``node-state = "disk"``) behave as in ``context.state``.
 
 The real ClientApp path (:func:`fedsync.clients.app.train_task`: decode the downlink,
 train on digits, error-feedback encode) with hand-built Flower Messages: a full
@@ -19,13 +19,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from fedsync.clientapp.compressed import CODEC_STATE, DOWNLINK_BASE, MissingDownlinkBase
-from fedsync.clientapp.node_state import (
-    DEFAULT_FOLDER,
-    ContextState,
-    DiskState,
-    node_state,
-    node_state_settings,
-)
+from fedsync.clientapp.node_store import DEFAULT_FOLDER, JOURNAL, NodeStore, node_settings
 from fedsync.clients.app import train_task
 from fedsync.clients.runtime import ClientRuntime
 from fedsync.codecs import UpdateCodec
@@ -85,18 +79,57 @@ def reference() -> list[bytes]:
 def test_a_node_with_its_arrays_on_disk_sends_what_a_node_with_them_in_its_context_sends(
     tmp_path: Path, reference: list[bytes]
 ) -> None:
-    context = node({"node-state": "disk", "node-state-dir": str(tmp_path)})
+    context = node({"node-state": "disk", "state-dir": str(tmp_path)})
     sent = [uplink(task(number), context) for number in range(3)]
     assert sent == reference  # the residual and the delta base came back exactly
     assert len(context.state.array_records) == 0  # Flower ships tokens only
-    files = sorted(path.name for path in (tmp_path / "job-1").iterdir())
-    assert files == ["n3-fedsync-codec-state.npz", "n3-fedsync-downlink-base.npz"]
+    # The downlink's base is scratch; the codec memory has one file, the crash-safe one.
+    assert sorted(path.name for path in (tmp_path / "job-1").iterdir()) == [
+        "n3-fedsync-downlink-base.npz"
+    ]
+    assert (tmp_path / "codec-job-1-p1.npz").is_file()
+
+
+def test_without_a_state_dir_disk_files_are_scratch_in_the_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: list[bytes]
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    context = node({"node-state": "disk"})
+    sent = [uplink(task(number), context) for number in range(3)]
+    assert sent == reference
+    assert sorted(path.name for path in (tmp_path / DEFAULT_FOLDER / "job-1").iterdir()) == [
+        "n3-fedsync-codec-state.npz",
+        "n3-fedsync-downlink-base.npz",
+    ]
+
+
+def test_a_restarted_disk_node_reads_its_codec_memory_back(
+    tmp_path: Path, reference: list[bytes]
+) -> None:
+    settings = {"node-state": "disk", "state-dir": str(tmp_path)}
+    context = node(settings)
+    uplink(task(0), context)
+    restarted = node(settings)  # an empty context: no token names any file
+    # Its downlink base is gone (a delta is refused: the server resends the model) ...
+    with pytest.raises(MissingDownlinkBase, match="holds no base model"):
+        train_task(task(1), restarted, ClientRuntime.from_context(restarted))
+    # ... its residual is not: a whole-model task then sends what it would have sent.
+    restarted = node(settings)
+    whole = train_message(
+        1, version=1, delta_downlinks=True, payload=UpdateCodec("none+fp32").encode(model_at(1))
+    )
+    kept = node()
+    uplink(task(0), kept)
+    sent = uplink(whole, restarted)
+    assert sent == uplink(whole, kept)
+    assert sent != uplink(whole, node())  # a node with no residual sends another update
+    assert len((tmp_path / JOURNAL).read_text().splitlines()) == 1
 
 
 def test_a_file_the_context_does_not_name_reads_as_absent(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    context = node({"node-state": "disk", "node-state-dir": str(tmp_path)})
+    context = node({"node-state": "disk", "state-dir": str(tmp_path)})
     uplink(task(0), context)
     before = RecordDict()
     for name, record in context.state.config_records.items():
@@ -111,9 +144,10 @@ def test_a_file_the_context_does_not_name_reads_as_absent(
         state=before,
         run_config=context.run_config,
     )
-    state = node_state(stale, job="job-1")
+    store = NodeStore.of(stale, job="job-1")
     with caplog.at_level(logging.WARNING):
-        assert state.get(DOWNLINK_BASE) is None
+        assert store.get(DOWNLINK_BASE) is None
+        assert store.get(CODEC_STATE) is None  # the crash-safe file too: a newer one
     assert "reads as absent" in caplog.text and "token" in caplog.text
     # A delta then needs the whole model again, as on a restarted node.
     with pytest.raises(MissingDownlinkBase, match="holds no base model"):
@@ -125,33 +159,48 @@ def test_the_backends_keep_put_get_and_drop_alike(tmp_path: Path) -> None:
         "a": np.arange(5, dtype=np.float32),
         "b": np.ones((2, 3), dtype=np.float64),
     }
-    for state in (ContextState(node()), DiskState(node(), tmp_path, job="j/1")):
-        assert state.get("kind") is None
-        state.put("kind", arrays)
-        held = state.get("kind")
+    stores = (
+        NodeStore(node()),
+        NodeStore(node(), backend="disk", folder=tmp_path, job="j/1"),
+        NodeStore(node(), backend="context", folder=tmp_path, job="j/1"),
+    )
+    for store in stores:
+        assert store.get("kind") is None
+        store.put("kind", arrays)
+        held = store.get("kind")
         assert held is not None and held.keys() == arrays.keys()
         for name, value in arrays.items():
             np.testing.assert_array_equal(held[name], value)
             assert held[name].dtype == value.dtype
-        state.drop("kind")
-        assert state.get("kind") is None
-        state.drop("kind")  # dropping nothing is fine
+        store.drop("kind")
+        assert store.get("kind") is None
+        store.drop("kind")  # dropping nothing is fine
     assert list((tmp_path / "j_1").iterdir()) == []  # the file went with the drop
+    assert not any(tmp_path.glob("*.npz"))  # a kind the server resends is never durable
+    with pytest.raises(ValueError, match="backend"):
+        NodeStore(node(), backend="memory")
 
 
 def test_node_config_wins_over_the_run_config_and_values_are_checked(tmp_path: Path) -> None:
-    assert node_state_settings(node()).node_state == "context"
-    assert isinstance(node_state(node()), ContextState)
+    assert node_settings(node()).node_state == "context"
+    assert NodeStore.of(node()).backend == "context"
     in_run = node({"node-state": "disk"})
-    assert isinstance(node_state(in_run), DiskState)
-    default = node_state(in_run, job="j")
-    assert isinstance(default, DiskState) and default.folder.parts[-2:] == (DEFAULT_FOLDER, "j")
+    default = NodeStore.of(in_run, job="j")
+    assert default.backend == "disk" and default.folder is None
+    assert default.scratch.parts[-2:] == (DEFAULT_FOLDER, "j")
     overridden = node({"node-state": "disk"}, **{"node-state": "context"})
-    assert isinstance(node_state(overridden), ContextState)
-    prefixed = node({"fedsync.node-state": "disk", "fedsync.node-state-dir": str(tmp_path)})
-    named = node_state(prefixed, job="j")
-    assert isinstance(named, DiskState) and named.folder == tmp_path / "j"
+    assert NodeStore.of(overridden).backend == "context"
+    prefixed = node({"fedsync.node-state": "disk", "fedsync.state-dir": str(tmp_path)})
+    named = NodeStore.of(prefixed, job="j")
+    assert named.backend == "disk" and named.scratch == tmp_path / "j"
+    assert named.path(CODEC_STATE) == tmp_path / "codec-j-p1.npz"
+    in_node = NodeStore.of(node(**{"state-dir": str(tmp_path)}), job="j")
+    assert in_node.backend == "context" and in_node.folder == tmp_path
     with pytest.raises(SettingsError, match="'node-state' must be one of context, disk"):
-        node_state(node({"node-state": "memory"}))
-    with pytest.raises(SettingsError, match="'node-state-dir' must be str"):
-        node_state(node({"node-state": "disk", "node-state-dir": 3}))
+        NodeStore.of(node({"node-state": "memory"}))
+    with pytest.raises(SettingsError, match="'state-dir' must be str"):
+        NodeStore.of(node({"node-state": "disk", "state-dir": 3}))
+    with pytest.raises(
+        SettingsError, match=r"'fedsync\.node-state-dir' is now 'fedsync\.state-dir'"
+    ):
+        NodeStore.of(node({"fedsync.node-state-dir": str(tmp_path)}))

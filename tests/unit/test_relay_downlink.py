@@ -26,7 +26,7 @@ from fedsync.clientapp.compressed import (
     apply_relay_downlink,
     keep_sent_uplink,
 )
-from fedsync.clientapp.node_state import node_state
+from fedsync.clientapp.node_store import NodeStore
 from fedsync.codecs import UpdateCodec
 from fedsync.config import RunConfig, SettingsError
 from fedsync.engine import AggregationEngine, InFlight
@@ -90,7 +90,7 @@ def trained_reply(plan: InFlight, start: dict[str, torch.Tensor], ctx: Context) 
     generator = torch.Generator().manual_seed(plan.seed)
     delta = {name: 0.01 * torch.randn(t.shape, generator=generator) for name, t in start.items()}
     payload = UpdateCodec(plan.uplink_spec).encode(delta)
-    keep_sent_uplink(payload, node_state(ctx))
+    keep_sent_uplink(payload, NodeStore.of(ctx))
     return payload
 
 
@@ -190,7 +190,7 @@ def test_a_device_that_lost_what_it_sent_refuses_and_is_replayed_from_zero() -> 
 def test_the_sent_frames_kept_are_bounded() -> None:
     ctx = context(1)
     for index in range(RELAY_SENT_KEPT + 3):
-        keep_sent_uplink(bytes([index]) * 10, node_state(ctx))
+        keep_sent_uplink(bytes([index]) * 10, NodeStore.of(ctx))
     kept = ctx.state.array_records["fedsync-relay-sent"]
     assert len(kept) == RELAY_SENT_KEPT
     assert sorted(bytes(kept[key].numpy()) for key in kept)[0] == bytes([3]) * 10

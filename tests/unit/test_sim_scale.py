@@ -70,7 +70,7 @@ def test_results_against_nodes_are_sorted_with_their_peaks(tmp_path: Path) -> No
 def test_set_reads_toml_literals_and_falls_back_to_text() -> None:
     assert setting("concurrency=8") == ("concurrency", 8)
     assert setting("node-state=disk") == ("node-state", "disk")
-    assert setting('node-state-dir="/tmp/a b"') == ("node-state-dir", "/tmp/a b")
+    assert setting('state-dir="/tmp/a b"') == ("state-dir", "/tmp/a b")
     assert setting("plots=false") == ("plots", False)
     with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
         setting("node-state")
@@ -88,6 +88,10 @@ def test_node_state_files_are_counted_by_node(tmp_path: Path) -> None:
         "largest_file_bytes": 30,
         "nodes": 2,
     }
+    # The crash-safe codec states (state-dir's own level) name partitions: 3 nodes now.
+    for partition in (0, 1, 2):
+        (tmp_path / f"codec-job-1-p{partition}.npz").write_bytes(b"x" * 4)
+    assert node_state_files(tmp_path)["nodes"] == 3
 
 
 def test_the_sampler_reads_every_tree_it_is_given() -> None:
