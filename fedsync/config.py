@@ -1008,14 +1008,8 @@ class RunConfig:
         if self.strategy != self.BASELINE and self.strategy not in STRATEGIES:
             valid = ", ".join([self.BASELINE, *sorted(STRATEGIES)])
             _fail("strategy", f"must be one of {valid}", self.strategy)
-        mean = self.asynchronous.buffer_mean
-        if self.strategy in ("fedasync", "fedasync-mix") and mean not in ("auto", "count"):
-            _fail(
-                "buffer-mean",
-                "FedAsync mixes each update in by its own weight (fedasync-alpha x "
-                "staleness), which a mean over the weights would cancel: leave it auto",
-                mean,
-            )
+        if self.runs_on_engine:
+            STRATEGIES[self.strategy].check_config(self)  # what only the strategy knows
         self._check_collective()
         if not self.runs_on_engine and self.compression.ab_rank > 0:
             _fail(

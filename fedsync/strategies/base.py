@@ -239,6 +239,12 @@ class Strategy:
         built._bind(config)
         return built
 
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Refuse a run config this strategy cannot run as asked, naming the key
+        (:class:`~fedsync.config.SettingsError`); the reader calls it for the strategy
+        the config names. The base accepts every config its sections accepted."""
+
     # --- the numbers the engine reads --------------------------------------------------------
     def configure(self, settings: AsyncSection) -> None:
         """Read this strategy's numbers from its settings (subclasses add their own)."""

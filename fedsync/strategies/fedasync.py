@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsync.config import AsyncSection
+from fedsync.config import AsyncSection, RunConfig, SettingsError
 from fedsync.strategies.base import Arrival, Strategy
 
 __all__ = ["FedAsync"]
@@ -32,6 +32,18 @@ class FedAsync(Strategy):
     def __init__(self, *, alpha: float = 0.6, **kwargs: Any) -> None:
         kwargs.setdefault("buffer_size", 1)
         super().__init__(fedasync_alpha=alpha, **kwargs)
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Refuse a ``buffer-mean`` that divides by the weights: each update is mixed in
+        by its own weight, which such a mean would cancel."""
+        mean = config.asynchronous.buffer_mean
+        if mean not in ("auto", "count"):
+            raise SettingsError(
+                f"run config 'buffer-mean' {cls.name} mixes each update in by its own "
+                "weight (fedasync-alpha x staleness), which a mean over the weights would "
+                f"cancel: leave it auto, got {mean!r}"
+            )
 
     def configure(self, settings: AsyncSection) -> None:
         """The base numbers and ``alpha``."""

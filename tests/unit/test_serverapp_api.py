@@ -134,6 +134,19 @@ def test_from_run_config_picks_the_class() -> None:
         TEASQ.from_run_config(config)
 
 
+def test_a_strategy_checks_what_only_it_knows() -> None:
+    """FedAsync's own rule lives in its class (check_config), called by the reader for
+    the strategy the config names, and from the class's keyword arguments alike."""
+    for name in ("fedasync", "fedasync-mix"):
+        with pytest.raises(SettingsError, match=r"'buffer-mean' .* would cancel"):
+            RunConfig.of(strategy=name, buffer_mean="weight")
+    with pytest.raises(SettingsError, match="would cancel"):
+        FedAsyncMix(buffer_mean="weight")
+    assert RunConfig.of(strategy="fedbuff", buffer_mean="weight").asynchronous.buffer_mean == (
+        "weight"
+    )
+
+
 def test_one_class_per_strategy_registered_by_subclassing() -> None:
     """Every strategy is one public class; a subclass with a name registers itself."""
     assert {name: cls.__name__ for name, cls in STRATEGIES.items()} == {
