@@ -10,9 +10,13 @@ wall clock, the digits MLP, ``--tasks`` train tasks per path.
 * ``stock``: every message runs the full ClientApp in the fresh ``flwr-clientapp``
   process Flower starts for it; Flower's defaults for its local polls.
 * ``exec``: the warm executor (:class:`fedsync.deploy.warm.WarmLocalDeployment`), asking
-  its SuperNode for ClientApp work every ``--exec-poll`` seconds;
+  its SuperNode for ClientApp work every ``--exec-poll`` seconds, the SuperNode on
+  Flower's own 3 s poll of the SuperLink (``fedsync-node --supernode-poll 0``; before
+  the short poll was the default);
 * ``exec-poll``: the same with the SuperNode's poll of the SuperLink at
-  ``--supernode-poll`` seconds (:mod:`fedsync.deploy.fast_poll`).
+  ``--supernode-poll`` seconds (:mod:`fedsync.deploy.fast_poll`);
+* ``exec-default``: ``fedsync-node`` as it ships, no poll flag (its default,
+  :data:`fedsync.deploy.node.DEFAULT_SUPERNODE_POLL`).
 
 Each task's round trip (as the server measured it) is split with the SuperNodes'
 timestamped logs (:mod:`fedsync.deploy.timing`) and the ClientApp's per-message timing
@@ -79,7 +83,7 @@ from fedsync.reports.provenance import provenance
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 EXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
-MODES = ("stock", "exec", "exec-poll")
+MODES = ("stock", "exec", "exec-poll", "exec-default")
 PHASES = (
     "poll_wait",
     "download",
@@ -304,7 +308,7 @@ def run_path(
             folder / "run",
             node_configs,
             executor_poll=exec_poll,
-            supernode_poll=supernode_poll if mode == "exec-poll" else 0.0,
+            supernode_poll={"exec-poll": supernode_poll, "exec-default": None}.get(mode, 0.0),
         )
         if mode.startswith("exec")
         else LocalDeployment(folder / "run", node_configs)
@@ -435,16 +439,18 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(mode, json.dumps(result["summary"][mode]["steady"], indent=1), flush=True)
     result["provenance"]["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    if "stock" in result["summary"]:
-        stock = result["summary"]["stock"]["steady"]
+    # Against the first path of the run (stock, or the warm executor on Flower's poll).
+    base_mode = next(iter(result["summary"]), None)
+    if base_mode is not None and len(result["summary"]) > 1:
+        base = result["summary"][base_mode]["steady"]
         result["ratios"] = {
-            f"stock/{mode}": {
-                name: round(stock[name]["median"] / other[name]["median"], 2)
+            f"{base_mode}/{mode}": {
+                name: round(base[name]["median"] / other[name]["median"], 2)
                 for name in ("round_trip_s", "overhead_s")
-                if name in stock and name in other and other[name]["median"] > 0
+                if name in base and name in other and other[name]["median"] > 0
             }
             for mode in result["summary"]
-            if mode != "stock" and (other := result["summary"][mode]["steady"])
+            if mode != base_mode and (other := result["summary"][mode]["steady"])
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""``flower-supernode`` with a shorter Fleet API poll (opt-in, Flower 1.39 only).
+"""``flower-supernode``, its Fleet API poll shortened (Flower 1.39; ``fedsync-node``'s default).
 
 Flower 1.39's SuperNode sleeps a hard-coded 3 s between requests for work and 0.5 s
 between checks for a finished reply; no flag or environment variable changes either.

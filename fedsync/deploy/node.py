@@ -13,8 +13,13 @@ Both run as children of this process, in its process group: the executor leaves 
 itself when the group's leader is gone, and ``fedsync-node`` stops both (SIGTERM, a
 grace period, then SIGKILL, then the rest of its group) when SIGINT/SIGTERM arrives or
 the SuperNode exits. Its exit code is the SuperNode's (0 after a requested stop).
-``--supernode-poll 0.2`` starts the SuperNode through :mod:`fedsync.deploy.fast_poll`
-(Flower 1.39 only) so it asks the SuperLink for work every 0.2 s instead of every 3 s.
+By default the SuperNode runs through :mod:`fedsync.deploy.fast_poll`, so it asks the
+SuperLink for work every :data:`DEFAULT_SUPERNODE_POLL` seconds (``--supernode-poll S``
+sets another interval) instead of Flower's hard-coded 3 s, which would otherwise be
+nearly all of a warm task's overhead. That launcher patches a Flower 1.39 internal
+(:mod:`fedsync.compat.flower139`, section 2): on another Flower, ``fedsync-node`` says so
+once and starts the stock SuperNode (3 s a task more), and an explicit
+``--supernode-poll`` is refused there. ``--supernode-poll 0`` keeps Flower's poll.
 """
 
 from __future__ import annotations
@@ -30,11 +35,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Final
 
 from fedsync.deploy.fast_poll import POLL_ENV
 from fedsync.deploy.processes import free_port
 
-__all__ = ["main", "node_commands"]
+__all__ = ["DEFAULT_SUPERNODE_POLL", "main", "node_commands", "supernode_poll"]
+
+DEFAULT_SUPERNODE_POLL: Final = 0.2
+"""Seconds between an idle SuperNode's asks for work under ``fedsync-node`` (Flower's
+own: 3 s). ``n`` idle nodes cost the SuperLink ``n / 0.2`` small requests a second
+(``benchmarks/results/deploy_overhead.json``, ``superlink_cpu_s``)."""
 
 OWN_FLAGS = ("--isolation", "--host", "--port")
 """``flower-supernode`` flags ``fedsync-node`` sets itself."""
@@ -102,6 +113,26 @@ def node_commands(
     return supernode, executor
 
 
+def supernode_poll(requested: float | None) -> float:
+    """The SuperNode poll to run with: ``requested``, or by default
+    :data:`DEFAULT_SUPERNODE_POLL` where the installed Flower takes it (1.39), else 0
+    (Flower's own 3 s, said once on stderr with what it costs)."""
+    if requested is not None:
+        return requested
+    from fedsync.compat import flower139
+
+    problem = flower139.version_problem("the short SuperNode poll")
+    if problem:
+        print(
+            f"[fedsync-node] {problem}: the SuperNode keeps Flower's 3 s poll, about 3 s "
+            "more per task (install flwr 1.39 for the short one)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0.0
+    return DEFAULT_SUPERNODE_POLL
+
+
 def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
     if process.poll() is not None:
         return
@@ -136,13 +167,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--supernode-poll",
         type=float,
-        default=0.0,
-        help="seconds between the SuperNode's asks for work (0: Flower's 3 s; needs Flower 1.39)",
+        default=None,
+        help=f"seconds between the SuperNode's asks for work (default {DEFAULT_SUPERNODE_POLL:g}; "
+        "0: Flower's 3 s; other than 0 needs Flower 1.39)",
     )
     parser.add_argument(
         "--grace", type=float, default=10.0, help="seconds to wait after SIGTERM before SIGKILL"
     )
     args = parser.parse_args(own)
+    if args.supernode_poll is not None and not args.supernode_poll >= 0.0:  # NaN too
+        parser.error(f"--supernode-poll must be >= 0 seconds, got {args.supernode_poll}")
+    args.supernode_poll = supernode_poll(args.supernode_poll)
     supernode_bin = shutil.which("flower-supernode") or str(
         Path(sys.executable).with_name("flower-supernode")
     )

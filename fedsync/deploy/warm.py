@@ -30,13 +30,14 @@ class WarmLocalDeployment(LocalDeployment):
     ----------
     executor_poll : float
         Seconds between an idle executor's requests to its SuperNode (loopback only).
-    supernode_poll : float
-        Above 0: the SuperNodes ask the SuperLink for work this often instead of
-        Flower's fixed 3 s (``fedsync-node --supernode-poll``).
+    supernode_poll : float or None
+        Seconds between the SuperNodes' asks for work (``fedsync-node
+        --supernode-poll``); 0: Flower's fixed 3 s; ``None``: ``fedsync-node``'s default
+        (:data:`fedsync.deploy.node.DEFAULT_SUPERNODE_POLL` on Flower 1.39).
     """
 
     executor_poll: float = 0.05
-    supernode_poll: float = 0.0
+    supernode_poll: float | None = None
 
     def supernode_command(self, index: int, *, key: NodeKey | None = None) -> list[str]:
         """The stock SuperNode command, run through ``fedsync-node``."""
@@ -57,8 +58,11 @@ class WarmLocalDeployment(LocalDeployment):
             port,
             "--executor-poll",
             f"{self.executor_poll:g}",
-            "--supernode-poll",
-            f"{self.supernode_poll:g}",
+            *(
+                []
+                if self.supernode_poll is None
+                else ["--supernode-poll", f"{self.supernode_poll:g}"]
+            ),
             "--grace",
             "5",
             "--",
