@@ -48,6 +48,10 @@ def test_fedavg_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
             "num-rounds": 2,
             "local-epochs": 1,
             "min-train-nodes": 3,
+            # Central evaluation only (what the test reads): federated evaluation would
+            # start a ClientApp process on every node each round.
+            "fraction-evaluate": 0.0,
+            "probe-timeout": 0.0,  # devices by node id; saves a ClientApp start per node
             "results-dir": str(results),
             "run-name": "grpc",
         },
@@ -73,10 +77,11 @@ def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
             "clock": "wall",
             "concurrency": 3,
             "buffer-size": 2,
-            "max-aggregations": 6,
-            "eval-every": 3,
+            "max-aggregations": 4,
+            "eval-every": 2,
             "min-nodes": 3,
             "local-epochs": 2,
+            "probe-timeout": 0.0,  # devices by node id; saves a ClientApp start per node
             "results-dir": str(results),
             "run-name": "teasq",
         },
@@ -86,8 +91,8 @@ def test_teasq_over_loopback_grpc(tmp_path: Path, project_root: Path) -> None:
 
     summary = json.loads((results / "teasq" / "summary.json").read_text())
     assert summary["strategy"] == "teasq"
-    assert summary["aggregations"] == 6
-    assert summary["aggregated_updates"] == 12  # exactly K=2 per aggregation
+    assert summary["aggregations"] == 4
+    assert summary["aggregated_updates"] == 8  # exactly K=2 per aggregation
     assert summary["errors_total"] == 0
     evaluations = [
         e for e in read_events(results / "teasq" / "events.jsonl") if e["event"] == "evaluation"
