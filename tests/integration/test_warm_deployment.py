@@ -68,8 +68,12 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
                 "concurrency": 2,
                 "min-nodes": 2,
                 "local-epochs": 1,
-                "max-aggregations": 8,
-                "eval-every": 4,
+                # fedsync-node polls every 0.2 s: a task takes about a second, so the
+                # run must be long enough to outlast node 0's executor restart (an
+                # import of torch, seconds under load) by a margin: node 1 alone needs
+                # 30 tasks, about 35 s, to end it.
+                "max-aggregations": 30,
+                "eval-every": 10,
                 "probe-timeout": 120.0,  # the nodes' profiles go into the summary
                 "plots": False,
                 "results-dir": str(results),
@@ -86,7 +90,7 @@ def test_warm_executors_run_a_job_and_survive_a_crash(tmp_path: Path, project_ro
     assert "starting it again" in (deployment.link.logs / "supernode-0.log").read_text()
 
     summary = json.loads((results / "warm" / "summary.json").read_text())
-    assert summary["aggregations"] == 8
+    assert summary["aggregations"] == 30
     # Each node's declared class and device, next to its measured task times.
     devices = sorted(summary["devices"].values(), key=lambda d: d["device_index"])
     assert [(d["device_class"], d["device"]) for d in devices] == [("test-cpu", "cpu")] * 2
