@@ -131,7 +131,7 @@ def test_the_timing_module_imports_no_torch() -> None:
 def test_the_benchmark_knows_only_the_stock_and_executor_paths() -> None:
     from benchmarks import deploy_overhead
 
-    assert deploy_overhead.MODES == ("stock", "exec", "exec-poll")
+    assert deploy_overhead.MODES == ("stock", "exec", "exec-poll", "exec-default")
     with pytest.raises(SystemExit) as exit_info:
         deploy_overhead.main(["--modes", "stock,warm"])
     assert exit_info.value.code == 2
