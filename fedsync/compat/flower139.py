@@ -238,7 +238,7 @@ def shorten_object_pulls(initial_backoff: float, cap: float = PULL_RETRY_CAP_S) 
 # no flag or environment variable changes either. cap_supernode_poll replaces the `time`
 # module *seen by* that module with one whose sleep is capped (everything else is the
 # real time), and run_flower_supernode runs the unchanged flower-supernode entry point in
-# this process; fedsync-node runs its SuperNode so by default (0.2 s). Another version:
+# this process; fedsync-node runs its SuperNode so by default (0.1 s). Another version:
 # fedsync.deploy.fast_poll refuses to start (version_problem), and fedsync-node without
 # --supernode-poll says so once and starts the stock SuperNode (its 3 s poll: about 3 s
 # more per task). Tests: test_supernode_sleeps_are_capped,

@@ -55,7 +55,7 @@ def test_the_short_poll_is_the_default_on_the_flower_that_takes_it(
 ) -> None:
     """No flag: the short poll on Flower 1.39; on another Flower, Flower's own poll and
     one line saying what that costs. A value asked for is used as it is."""
-    assert supernode_poll(None) == DEFAULT_SUPERNODE_POLL == 0.2
+    assert supernode_poll(None) == DEFAULT_SUPERNODE_POLL == 0.1
     assert (supernode_poll(0.0), supernode_poll(1.5)) == (0.0, 1.5)
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(flwr, "__version__", "1.42.0")
