@@ -45,7 +45,7 @@ __all__ = ["DEFAULT_SUPERNODE_POLL", "main", "node_commands", "supernode_poll"]
 DEFAULT_SUPERNODE_POLL: Final = 0.1
 """Seconds between an idle SuperNode's asks for work under ``fedsync-node`` (Flower's
 own: 3 s). ``n`` idle nodes cost the SuperLink ``n / 0.1`` small requests a second
-(``benchmarks/results/deploy_overhead.json``, ``superlink_cpu_s``)."""
+(``benchmarks/results/deploy_overhead_default.json``, ``superlink_cpu_s``)."""
 
 OWN_FLAGS = ("--isolation", "--host", "--port")
 """``flower-supernode`` flags ``fedsync-node`` sets itself."""
