@@ -76,6 +76,7 @@ __all__ = [
     "node_partition",
     "renamed_key",
     "resolve_device",
+    "settings_error",
 ]
 
 _SERVER_DEVICE = re.compile(r"^(cpu|auto|cuda(:[0-9]+)?)$")
@@ -95,8 +96,13 @@ COLLECTIVES = ("none", "allreduce", "allgather")
 """How a synchronous run's bytes are counted (run-config ``collective``)."""
 
 
+def settings_error(key_name: str, why: str, value: object) -> SettingsError:
+    """The error for a run-config value: ``run config 'KEY' WHY, got VALUE``."""
+    return SettingsError(f"run config '{key_name}' {why}, got {value!r}")
+
+
 def _fail(key_name: str, why: str, value: object) -> None:
-    raise SettingsError(f"run config '{key_name}' {why}, got {value!r}")
+    raise settings_error(key_name, why, value)
 
 
 def _coerce(key_name: str, value: Any, kind: type) -> Any:

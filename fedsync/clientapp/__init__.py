@@ -145,8 +145,6 @@ class Task:
         tasks, fresh moments each task).
         """
         arrays = self.store.get(INNER_OPTIMIZER)
-        if arrays is None:
-            return InnerOptimizer()
         return InnerOptimizer.from_arrays(arrays, keep_moments=keep_moments)
 
     @property

@@ -124,13 +124,14 @@ _SETTINGS: Final = ("node-state", "state-dir")
 def _check_codec_state(
     arrays: Mapping[str, np.ndarray], specs: Mapping[str, TensorSpec] | None
 ) -> None:
-    for prefix, name, array in tensor_memory(arrays):
-        spec = specs.get(name) if specs is not None else None
-        if specs is not None and (spec is None or array.size != spec.numel):
-            raise ValueError(
-                f"{prefix}{name} ({array.size} values) does not fit the model "
-                f"({spec.numel if spec is not None else 'no such tensor'})"
-            )
+    if specs is not None:
+        for prefix, name, array in tensor_memory(arrays):
+            spec = specs.get(name)
+            if spec is None or array.size != spec.numel:
+                raise ValueError(
+                    f"{prefix}{name} ({array.size} values) does not fit the model "
+                    f"({spec.numel if spec is not None else 'no such tensor'})"
+                )
     CodecState.from_state(arrays)  # dtypes and ranks the codec will accept
 
 
@@ -276,6 +277,8 @@ class NodeStore:
         durable = DURABLE.get(kind)
         if durable is None or self.folder is None or not self.job:
             return None
+        # Runs of unsafe characters become one "_" here (not safe_name's one per
+        # character): the names nodes already hold files under.
         job = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.job)[:80]
         return self.folder / f"{durable.prefix}-{job}-p{self.partition_id}.npz"
 

@@ -112,10 +112,13 @@ class InnerOptimizer:
 
     @classmethod
     def from_arrays(
-        cls, arrays: Mapping[str, np.ndarray], *, keep_moments: bool = True
+        cls, arrays: Mapping[str, np.ndarray] | None, *, keep_moments: bool = True
     ) -> InnerOptimizer:
-        """The optimizer :meth:`to_arrays` gave; ``keep_moments=False``: the step count
-        only (a schedule across tasks, fresh moments)."""
+        """The optimizer :meth:`to_arrays` gave (``None``: none was kept, a fresh one);
+        ``keep_moments=False``: the step count only (a schedule across tasks, fresh
+        moments)."""
+        if arrays is None:
+            return cls()
         steps = int(np.asarray(arrays.get("steps", [0])).reshape(-1)[0])
         state: dict[int, dict[str, torch.Tensor]] = {}
         for key, array in arrays.items():

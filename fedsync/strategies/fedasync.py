@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsync.config import AsyncSection, RunConfig, SettingsError
+from fedsync.config import AsyncSection, RunConfig, settings_error
 from fedsync.strategies.base import Arrival, Strategy
 
 __all__ = ["FedAsync"]
@@ -39,10 +39,11 @@ class FedAsync(Strategy):
         by its own weight, which such a mean would cancel."""
         mean = config.asynchronous.buffer_mean
         if mean not in ("auto", "count"):
-            raise SettingsError(
-                f"run config 'buffer-mean' {cls.name} mixes each update in by its own "
-                "weight (fedasync-alpha x staleness), which a mean over the weights would "
-                f"cancel: leave it auto, got {mean!r}"
+            raise settings_error(
+                "buffer-mean",
+                f"{cls.name} mixes each update in by its own weight (fedasync-alpha x "
+                "staleness), which a mean over the weights would cancel: leave it auto",
+                mean,
             )
 
     def configure(self, settings: AsyncSection) -> None:

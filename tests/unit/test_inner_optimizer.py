@@ -175,8 +175,6 @@ def test_a_node_keeps_its_optimizer_and_a_restarted_one_reads_it_back(tmp_path: 
 def restored(job: str, state_dir: Path, *, keep_moments: bool = True) -> InnerOptimizer:
     """The inner optimizer a restarted node (a fresh context) reads back for ``job``."""
     arrays = NodeStore.of(context(ADAMW, state_dir), job=job).get(INNER_OPTIMIZER)
-    if arrays is None:
-        return InnerOptimizer()
     return InnerOptimizer.from_arrays(arrays, keep_moments=keep_moments)
 
 
